@@ -1,0 +1,113 @@
+"""What every backend shares: the per-process client environment and the Backend protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
+from hfl.config import ExperimentConfig
+from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
+from hfl.methods import Method, build_method
+from hfl.models import ScalableModel, build_model
+from hfl.types import ClientTask, ClientUpdate, StateDict, derive_seed
+
+PARTITION_STREAM = 2**31 - 1  # seed tag of the data partition, apart from every client's streams
+
+
+class Backend(Protocol):
+    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]: ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from hfl.errors import ConfigError
+
+        raise ConfigError("backend.device", name, "cpu or auto: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+@dataclass
+class ClientEnvironment:
+    """Everything a worker process needs to train any client, built once from the config."""
+
+    config: ExperimentConfig
+    data: ImageDataset
+    partitions: list[Tensor]
+    transform: BatchTransform | None
+    """Applied per training batch; None when nothing is augmented and `train_x` is pre-normalised."""
+    method: Method
+    device: torch.device
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    """Normalised once: evaluation reads it every round."""
+    test_y: Tensor
+    _models: dict[tuple[float, frozenset[int]], ScalableModel] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, device: torch.device | None = None) -> ClientEnvironment:
+        device = device or resolve_device(config.backend.device)
+        torch.set_num_threads(config.backend.threads)
+        d = config.data
+        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction)
+        parts = partition(
+            d.partition,
+            data.train_y.numpy(),
+            config.fl.clients,
+            seed=derive_seed(config.seed, PARTITION_STREAM),
+            alpha=d.alpha,
+            labels_per_client=d.labels_per_client,
+        )
+        augment = data.default_augment if d.augment == "auto" else d.augment
+        transform = BatchTransform(data.mean, data.std, augment, device)
+        train_x = data.train_x.to(device)
+        if augment == "none":  # normalise once instead of every batch of every round
+            train_x = transform(train_x, train=False)
+        return cls(
+            config=config,
+            data=data,
+            partitions=[torch.as_tensor(p, dtype=torch.long) for p in parts],
+            transform=None if augment == "none" else transform,
+            method=build_method(config.method, build_model_for(config, data)),
+            device=device,
+            train_x=train_x,
+            train_y=data.train_y.to(device),
+            test_x=transform(data.test_x.to(device), train=False),
+            test_y=data.test_y.to(device),
+        )
+
+    def model(self, width: float | None, dropped_blocks: frozenset[int]) -> ScalableModel:
+        """A client model of this shape, built once per process and reused by every client."""
+        width = self.config.model.width if width is None else width
+        key = (width, dropped_blocks)
+        if key not in self._models:
+            model = build_model_for(self.config, self.data, width)
+            model.drop_blocks(dropped_blocks)
+            self._models[key] = model.to(self.device)
+        return self._models[key]
+
+    def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
+        ctx = task.ctx
+        batches = ClientBatches(
+            self.train_x,
+            self.train_y,
+            self.partitions[ctx.client_id],
+            ctx.train.batch_size,
+            self.transform,
+            ctx.generator(SHUFFLE_STREAM),
+        )
+        model = self.model(task.spec.width, task.spec.dropped_blocks)
+        return train_client(model, self.method, task, global_state, batches, self.config.backend.trainer)
+
+
+def build_model_for(config: ExperimentConfig, data: ImageDataset, width: float | None = None) -> ScalableModel:
+    """The experiment's model for `data`, at `width` (default: the global model's width)."""
+    m = config.model
+    return build_model(m.name, data.in_channels, data.num_classes, m.width if width is None else width, m.norm)

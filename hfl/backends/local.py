@@ -1,0 +1,18 @@
+"""LocalBackend: clients train in this process, one after the other (debug with a breakpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hfl.backends.base import ClientEnvironment
+from hfl.registry import BACKENDS
+from hfl.types import ClientTask, ClientUpdate, StateDict
+
+
+@BACKENDS.register("local")
+class LocalBackend:
+    def __init__(self, environment: ClientEnvironment) -> None:
+        self.environment = environment
+
+    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
+        return [self.environment.train(global_state, task) for task in tasks]

@@ -1,0 +1,171 @@
+"""The `hfl` command: run experiments, inspect data partitions, list methods.
+
+User-facing output lives here; bad input exits with code 2 and one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+USAGE_ERROR = 2
+# Fields that may change between a run and its resumption: they do not change what is computed.
+RESUMABLE_CHANGES = ("fl.rounds", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer")
+
+
+class RoundProgress:
+    """A progress bar over rounds on a terminal, one line per round otherwise (CI logs, files)."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total, self.interactive = total, sys.stderr.isatty()
+        if self.interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="round", dynamic_ncols=True)
+
+    def on_round(self, record: dict[str, Any]) -> None:
+        acc = record["accuracy"]
+        text = f"acc={acc:.4f}" if acc is not None else "acc=n/a"
+        if self.interactive:
+            self.bar.set_postfix_str(text)
+            self.bar.update(1)
+        else:
+            print(f"round {record['round']}/{self.total}  {text}  {record['wall_seconds']:.2f}s", file=sys.stderr, flush=True)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        if self.interactive:
+            self.bar.close()
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_resumable(config: Any, out: Path) -> None:
+    from hfl.checkpoint import has_checkpoint, load_checkpoint
+    from hfl.errors import ConfigError
+
+    if not has_checkpoint(out):
+        raise ConfigError("--resume", str(out), "a run folder with a checkpoint.pt (none found there)")
+    import torch
+
+    _, saved = load_checkpoint(out, torch.device("cpu"))
+    now, before = flatten(config.to_dict()), flatten(saved)
+    changed = [k for k in sorted(set(now) | set(before)) if now.get(k) != before.get(k) and not k.startswith(RESUMABLE_CHANGES)]
+    if changed:
+        shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise ConfigError("--resume", str(out), f"the same config as the run being resumed (differs in {shown})")
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from hfl.config import load_config
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    config = load_config(args.config, args.overrides)
+    if args.resume:
+        out = Path(args.resume)
+        check_resumable(config, out)
+        done = len(read_metrics(out))
+    else:
+        out = Path(args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        done = 0
+    print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
+    summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items()]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    print(f"results: {out}/metrics.jsonl, {out}/summary.json")
+    return 0
+
+
+def command_data(args: argparse.Namespace) -> int:
+    from hfl.backends import ClientEnvironment
+    from hfl.config import load_config
+    from hfl.data import label_histogram, save_label_heatmap
+
+    config = load_config(args.config, args.overrides)
+    env = ClientEnvironment.from_config(config)
+    parts = [p.numpy() for p in env.partitions]
+    hist = label_histogram(env.data.train_y.numpy(), parts, env.data.num_classes)
+    d = config.data
+    print(f"{d.name}: {len(env.data.train_y)} train / {len(env.data.test_y)} test, partition {d.partition} "
+          f"(alpha={d.alpha}, labels_per_client={d.labels_per_client}), {config.fl.clients} clients")
+    cell = max(5, len(str(int(hist.max()))) + 1)
+    print("client" + "".join(f"{c:>{cell}}" for c in range(hist.shape[1])) + f"{'total':>8}")
+    for i, row in enumerate(hist):
+        print(f"{i:>6}" + "".join(f"{int(v):>{cell}}" for v in row) + f"{int(row.sum()):>8}")
+    sizes = hist.sum(1)
+    print(f"samples per client: min {sizes.min()}, mean {sizes.mean():.1f}, max {sizes.max()}; "
+          f"labels per client: mean {np.mean((hist > 0).sum(1)):.1f}")
+    if args.png:
+        save_label_heatmap(hist, args.png, title=f"{d.name} {d.partition} alpha={d.alpha}")
+        print(f"heat map: {args.png}")
+    return 0
+
+
+def command_methods(args: argparse.Namespace) -> int:
+    import hfl  # noqa: F401  (fills the registries)
+    from hfl.registry import METHODS
+
+    rows = []
+    for name in METHODS:
+        cls = METHODS.get(name)
+        summary = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        rows.append((name, summary, cls.paper))
+    width = max(len(r[0]) for r in rows)
+    for name, summary, paper in rows:
+        print(f"{name:<{width}}  {summary}\n{'':<{width}}  paper: {paper}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hfl", description="Federated learning with heterogeneous, resource-constrained clients.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment: hfl run CONFIG [key=value ...] [--out DIR] [--resume DIR]")
+    run.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    run.add_argument("overrides", nargs="*", help="dotted overrides such as fl.rounds=3 data.alpha=0.3")
+    run.add_argument("--out", help="output folder (default runs/NAME-TIMESTAMP)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    run.set_defaults(func=command_run)
+    data = sub.add_parser("data", help="print the per-client label histogram of a config's partition")
+    data.add_argument("config")
+    data.add_argument("overrides", nargs="*")
+    data.add_argument("--png", help="also write the histogram as a PNG heat map")
+    data.set_defaults(func=command_data)
+    methods = sub.add_parser("methods", help="list registered methods with their papers")
+    methods.set_defaults(func=command_methods)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from hfl.errors import ConfigError, DataNotFoundError
+
+    try:
+        return args.func(args)
+    except (ConfigError, DataNotFoundError) as error:
+        print(f"hfl: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        if getattr(args, "command", "") == "run":
+            print("hfl: interrupted; continue with: hfl run CONFIG --resume OUT", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Client-side training: one generic LightningModule that drives the method's objective.
+
+Two drivers run it with the same batches and the same optimiser, so they give the same weights:
+`fast` (the automatic-optimisation steps of Lightning, written out: zero_grad, training_step,
+backward, step) and `lightning` (a `lightning.Trainer`). The fast driver exists because a Trainer
+costs tens of milliseconds to set up per fit, more than a whole client-round of small models.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from hfl.data import BatchTransform
+from hfl.methods.base import Method
+from hfl.submodel.spec import extract, uploaded_keys
+from hfl.types import ClientTask, ClientUpdate, StateDict
+
+SHUFFLE_STREAM = 1  # tag of the client's data-order random stream
+
+
+def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | None = None) -> int:
+    """Bytes to transmit `tensors`; masked tensors send only their kept entries."""
+    masks = masks or {}
+    return sum(
+        (int(masks[k].sum()) if k in masks else t.numel()) * t.element_size() for k, t in tensors.items()
+    )
+
+
+class ClientBatches:
+    """The mini-batches of one client: a fresh seeded permutation and augmentation every epoch."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        indices: Tensor,
+        batch_size: int,
+        transform: BatchTransform | None,
+        generator: torch.Generator,
+    ) -> None:
+        """`transform` None: `x` is already normalised and nothing is augmented."""
+        self.x, self.y, self.indices = x, y, indices
+        self.batch_size, self.transform, self.generator = batch_size, transform, generator
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        order = self.indices[torch.randperm(len(self.indices), generator=self.generator)].to(self.x.device)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            x = self.x[idx]
+            yield (x if self.transform is None else self.transform(x, train=True, generator=self.generator)), self.y[idx]
+
+
+class ClientModule(L.LightningModule):
+    """Trains one client's sub-model with its method's objective."""
+
+    def __init__(self, model: nn.Module, method: Method, task: ClientTask) -> None:
+        super().__init__()
+        self.model, self.method, self.task = model, method, task
+        self.masks = {k: m.to(self.device_of_model()) for k, m in task.spec.masks.items()}
+        self.initial = (
+            {n: p.detach().clone() for n, p in self.trainable_parameters()} if method.keeps_initial_weights else {}
+        )
+        self.loss_sum = torch.zeros((), device=self.device_of_model())
+        self.steps = 0
+
+    def device_of_model(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        terms = self.method.objective(self, *batch)
+        self.loss_sum += terms["loss"].detach()  # summed on the device: no sync per step
+        self.steps += 1
+        return terms["loss"]
+
+    def on_train_batch_end(self, *args: object) -> None:
+        if self.masks:  # pruned entries stay zero
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for key, mask in self.masks.items():
+                    if key in params:
+                        params[key].mul_(mask)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        settings = self.task.ctx.train
+        return torch.optim.SGD(
+            [p for _, p in self.trainable_parameters()],
+            lr=settings.lr,
+            momentum=settings.momentum,
+            weight_decay=settings.weight_decay,
+        )
+
+    def mean_loss(self) -> float:
+        return float(self.loss_sum) / max(self.steps, 1)
+
+
+def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
+    """Lightning's automatic optimisation, step for step, without a Trainer."""
+    optimizer = module.configure_optimizers()
+    module.model.train()
+    for _ in range(epochs):
+        for i, batch in enumerate(batches):
+            optimizer.zero_grad(set_to_none=True)
+            module.training_step(batch, i).backward()
+            optimizer.step()
+            module.on_train_batch_end()
+
+
+def fit_lightning(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
+    device = module.device_of_model()
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, train_dataloaders=batches)
+
+
+DRIVERS = {"fast": fit_fast, "lightning": fit_lightning}
+
+
+def train_client(
+    model: nn.Module,
+    method: Method,
+    task: ClientTask,
+    global_state: StateDict,
+    batches: ClientBatches,
+    driver: str = "fast",
+) -> ClientUpdate:
+    """Load the client's sub-model from the global state, train it, and return what it sends back."""
+    start = time.perf_counter()
+    spec = task.spec
+    received = extract(global_state, spec)
+    model.load_state_dict(received, strict=True)
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in spec.frozen)
+    module = ClientModule(model, method, task)
+    # Every global-RNG draw (dropout, user code) is seeded by the client-round, so results do not
+    # depend on which clients ran before on this process.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(task.ctx.seed_for(0))
+        DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
+    state = model.state_dict()
+    sent = {k: state[k].detach().clone() for k in uploaded_keys(state, spec)}
+    metrics = {
+        "id": task.ctx.client_id,
+        "num_samples": task.ctx.num_samples,
+        "train_loss": module.mean_loss(),
+        "bytes_down": tensor_bytes(received, spec.masks),
+        "bytes_up": tensor_bytes(sent, spec.masks),
+        "submodel": spec.describe(),
+        "seconds": time.perf_counter() - start,
+    }
+    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), spec, metrics)

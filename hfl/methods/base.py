@@ -1,0 +1,56 @@
+"""The method plug-in API: plan (which sub-model a client trains), objective (its loss) and
+aggregate (global state + updates -> new global state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from hfl.models.base import ScalableModel
+from hfl.submodel.aggregate import masked_weighted_mean
+from hfl.submodel.spec import full_spec
+from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
+
+if TYPE_CHECKING:
+    from hfl.client import ClientModule
+
+MethodState = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str = "fedavg"
+    """Method registry key (`hfl methods` lists them)."""
+
+
+class Method:
+    """Default behaviour: every client trains the whole global model with cross-entropy, and the
+    server takes the masked weighted mean of the updates. Methods override one or more roles."""
+
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+    paper: ClassVar[str] = ""
+    keeps_initial_weights: ClassVar[bool] = False
+    """True when the objective needs the weights the client started the round with."""
+
+    def __init__(self, config: MethodConfig, model: ScalableModel) -> None:
+        self.config = config
+        self.model = model  # the global model's structure; methods read it, never train it
+
+    def init_state(self) -> MethodState:
+        """Server-side method state (masks, step sizes, ...), checkpointed with the model."""
+        return {}
+
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask:
+        return ClientTask(ctx=ctx, spec=full_spec())
+
+    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """The client loss for one batch: a dict with `loss` plus any terms worth logging."""
+        return {"loss": F.cross_entropy(client.model(x), y)}
+
+    def aggregate(
+        self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
+    ) -> tuple[StateDict, MethodState]:
+        return masked_weighted_mean(global_state, updates), state

@@ -1,0 +1,41 @@
+"""FedProx — Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020.
+
+Client objective: CE + mu/2 * ||w - w_t||^2, w_t the global weights the client received."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from hfl.config import check
+from hfl.methods.base import Method, MethodConfig
+from hfl.registry import METHODS
+
+if TYPE_CHECKING:
+    from hfl.client import ClientModule
+
+
+@dataclass(frozen=True)
+class FedProxConfig(MethodConfig):
+    name: str = "fedprox"
+    mu: float = 0.01
+    """Weight of the proximal term; 0 gives FedAvg."""
+
+    def __post_init__(self) -> None:
+        check(self.mu >= 0, "mu", self.mu, "a number >= 0")
+
+
+@METHODS.register("fedprox")
+class FedProx(Method):
+    Config = FedProxConfig
+    paper = "Li et al., MLSys 2020 (arXiv:1812.06127)"
+    keeps_initial_weights = True
+
+    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        terms = super().objective(client, x, y)
+        proximal = sum(((p - client.initial[n]) ** 2).sum() for n, p in client.trainable_parameters())
+        terms["proximal"] = proximal.detach()
+        terms["loss"] = terms["loss"] + 0.5 * self.config.mu * proximal
+        return terms

@@ -1,0 +1,130 @@
+"""The round loop: sample a cohort, plan, train, aggregate, evaluate, log and checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hfl.backends import ClientEnvironment
+from hfl.backends.base import build_model_for
+from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
+from hfl.config import ExperimentConfig, FLConfig, dump_config
+from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
+from hfl.models import ScalableModel
+from hfl.registry import BACKENDS
+from hfl.types import RoundContext, StateDict, TrainSettings, derive_seed
+
+log = logging.getLogger(__name__)
+COHORT_STREAM, MODEL_STREAM = 2**31 - 2, 2**31 - 3  # seed tags apart from client ids
+SUMMARY = "summary.json"
+
+
+def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
+    """Clients of round `round_`: a fraction of all, drawn from a generator seeded by (seed, round)."""
+    k = config.fl.clients
+    m = max(1, round(config.fl.fraction * k))
+    rng = np.random.default_rng(derive_seed(config.seed, round_, COHORT_STREAM))
+    return sorted(int(c) for c in rng.choice(k, size=m, replace=False))
+
+
+def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
+    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size)
+
+
+@torch.no_grad()
+def evaluate(model: ScalableModel, state: StateDict, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of `state` loaded into `model` on normalised inputs `x`."""
+    model.load_state_dict(state)
+    model.eval()
+    correct, loss = 0, 0.0
+    for start in range(0, len(y), 1024):
+        logits = model(x[start : start + 1024])
+        target = y[start : start + 1024]
+        loss += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    return {"accuracy": correct / len(y), "loss": loss / len(y)}
+
+
+def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(config.seed, MODEL_STREAM))
+        model = build_model_for(config, env.data)
+    global_state = {k: v.detach().clone().to(env.device) for k, v in model.state_dict().items()}
+    return RunState(0, global_state, env.method.init_state(), 0.0)
+
+
+def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[str, Any]:
+    evaluated = [r for r in read_metrics(out_dir) if r.get("accuracy") is not None]
+    return {
+        "name": config.name,
+        "method": config.method.name,
+        "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
+        "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
+        "final_loss": evaluated[-1]["loss"] if evaluated else None,
+        "rounds": config.fl.rounds,
+        "wall_seconds": elapsed,
+    }
+
+
+def run_experiment(
+    config: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, callbacks: Sequence[RoundCallback] = ()
+) -> dict[str, Any]:
+    """Run (or resume) an experiment, writing metrics.jsonl, checkpoints and summary.json to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = ClientEnvironment.from_config(config)
+    backend = BACKENDS.get(config.backend.name, field="backend.name")(env)
+    method, fl = env.method, config.fl
+    if resume and has_checkpoint(out):
+        state, _ = load_checkpoint(out, env.device)
+        log.info("resuming %s after round %d", out, state.round)
+    else:
+        state = initial_state(config, env)
+        dump_config(config, out / "config.yaml")
+    sinks: list[RoundCallback] = [MetricsWriter(out, keep_rounds_upto=state.round if resume else None)]
+    if config.logging.wandb:
+        sinks.append(WandbLogger(config, out, resume))
+    sinks.extend(callbacks)
+    eval_model = build_model_for(config, env.data).to(env.device)
+
+    for r in range(state.round + 1, fl.rounds + 1):
+        started = time.perf_counter()
+        # 1. cohort
+        cohort = sample_cohort(config, r)
+        # 2. plan: which sub-model and objective settings each client gets
+        settings = train_settings(fl, r)
+        tasks = [
+            method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings), state.method_state)
+            for c in cohort
+        ]
+        # 3. local training
+        updates = backend.run(state.global_state, tasks)
+        # 4. aggregation
+        state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
+        # 5. evaluation of the global model
+        last = r == fl.rounds
+        scores = {"accuracy": None, "loss": None}
+        if r % fl.eval_every == 0 or last:
+            scores = evaluate(eval_model, state.global_state, env.test_x, env.test_y)
+        # 6. log and checkpoint
+        seconds = time.perf_counter() - started
+        state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
+        record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates]}
+        for sink in sinks:
+            sink.on_round(record)
+        if r % fl.checkpoint_every == 0 or last:
+            save_checkpoint(out, state, config.to_dict())
+
+    summary = summarise(out, config, state.elapsed_seconds)
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    for sink in sinks:
+        sink.on_end(summary)
+    return summary

@@ -1,0 +1,140 @@
+"""Sub-models as data: which entries of the global state a client holds, trains and sends back.
+
+`extract(global_state, spec)` and `scatter(update, spec, global_state)` are the only operations that
+move weights between the global model and a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hfl.models.base import ScalableModel, scaled_channels
+
+Indices = Mapping[int, Tensor]
+"""dimension -> the global indices (int64) a client holds along that dimension, in client order."""
+
+
+@dataclass(frozen=True, eq=False)
+class SubmodelSpec:
+    """Per state key: indices kept along each dimension, absence, freezing and element masks."""
+
+    width: float | None = None
+    """Width ratio the client model is built at (None: the global model's); index lengths agree with it."""
+    dropped_blocks: frozenset[int] = frozenset()
+    """Body blocks the client model skips (depth scaling)."""
+    indices: Mapping[str, Indices] = field(default_factory=dict)
+    """Keys absent here are held whole along every dimension."""
+    absent: frozenset[str] = frozenset()
+    """State keys the client does not hold (dropped blocks, exits it lacks)."""
+    frozen: frozenset[str] = frozenset()
+    """State keys the client holds but neither trains nor sends back."""
+    masks: Mapping[str, Tensor] = field(default_factory=dict)
+    """Boolean element masks in client shape: False entries are pruned (held as zero, never sent)."""
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-friendly summary for metrics."""
+        return {
+            "width": self.width,
+            "dropped_blocks": sorted(self.dropped_blocks),
+            "frozen_tensors": len(self.frozen),
+            "masked_tensors": len(self.masks),
+        }
+
+
+def _region(shape: torch.Size, dims: Indices) -> tuple:
+    """An index into a global tensor: basic slices when every kept range is a prefix (a view), else
+    broadcastable index tensors for advanced indexing."""
+    if all(bool((idx == torch.arange(len(idx))).all()) for idx in dims.values()):
+        return tuple(slice(0, len(dims[d])) if d in dims else slice(None) for d in range(len(shape)))
+    region = []
+    for d, size in enumerate(shape):
+        idx = dims[d] if d in dims else torch.arange(size)
+        view = [1] * len(shape)
+        view[d] = -1
+        region.append(idx.view(view))
+    return tuple(region)
+
+
+def extract(global_state: Mapping[str, Tensor], spec: SubmodelSpec) -> dict[str, Tensor]:
+    """The client's state: global entries at the spec's indices, masked entries zeroed."""
+    out: dict[str, Tensor] = {}
+    for key, tensor in global_state.items():
+        if key in spec.absent:
+            continue
+        dims = spec.indices.get(key)
+        if dims:
+            tensor = tensor[_region(tensor.shape, dims)]
+        if key in spec.masks:
+            tensor = tensor * spec.masks[key]
+        out[key] = tensor
+    return out
+
+
+def uploaded_keys(client_state: Mapping[str, Tensor], spec: SubmodelSpec) -> list[str]:
+    """Keys a client sends back: everything it holds except frozen tensors."""
+    return [k for k in client_state if k not in spec.frozen]
+
+
+def scatter(
+    update: Mapping[str, Tensor], spec: SubmodelSpec, global_state: Mapping[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Place an update in global shape: (values, coverage), zero where the client held nothing."""
+    values, coverage = {}, {}
+    for key, tensor in global_state.items():
+        values[key] = torch.zeros_like(tensor)
+        coverage[key] = torch.zeros_like(tensor, dtype=torch.bool)
+        if key not in update:
+            continue
+        region = _region(tensor.shape, spec.indices.get(key) or {})
+        held = spec.masks[key] if key in spec.masks else torch.ones_like(update[key], dtype=torch.bool)
+        values[key][region] = update[key] * held
+        coverage[key][region] = held
+    return values, coverage
+
+
+# -- spec builders ------------------------------------------------------------------------------
+def full_spec() -> SubmodelSpec:
+    return SubmodelSpec()
+
+
+def width_spec(model: ScalableModel, width: float, offsets: Mapping[str, int] | None = None) -> SubmodelSpec:
+    """Keep ceil(width * base) channels of every coupled group of `model`.
+
+    Without `offsets` each group keeps its first channels (HeteroFL, ScaleFL, NeFL); an offset per
+    group name rolls the window, wrapping around (FedRolex)."""
+    indices: dict[str, dict[int, Tensor]] = {}
+    for group in model.channel_groups():
+        keep = scaled_channels(group.base, width)
+        if keep > group.size:
+            raise ValueError(f"width {width} needs {keep} channels of group {group.name}, the model has {group.size}")
+        offset = (offsets or {}).get(group.name, 0)
+        if keep == group.size and offset == 0:
+            continue
+        idx = (torch.arange(keep) + offset) % group.size
+        for key, dim in group.members:
+            indices.setdefault(key, {})[dim] = idx
+    return SubmodelSpec(width=width, indices=indices)
+
+
+def block_keys(model: ScalableModel, blocks: Iterable[int]) -> frozenset[str]:
+    """State keys of the given body blocks."""
+    keys: set[str] = set()
+    for i in blocks:
+        keys.update(f"body.{i}.{k}" for k in model.body[i].state_dict())
+    return frozenset(keys)
+
+
+def drop_blocks(spec: SubmodelSpec, model: ScalableModel, blocks: Iterable[int]) -> SubmodelSpec:
+    """Add depth scaling to `spec`: the given body blocks are skipped and their tensors absent."""
+    blocks = frozenset(blocks)
+    return replace(spec, dropped_blocks=spec.dropped_blocks | blocks, absent=spec.absent | block_keys(model, blocks))
+
+
+def freeze(spec: SubmodelSpec, keys: Iterable[str]) -> SubmodelSpec:
+    """Mark tensors the client holds but does not train."""
+    return replace(spec, frozen=spec.frozen | frozenset(keys))

@@ -1,0 +1,70 @@
+"""What crosses the backend boundary: frozen, cheap to serialise (tensors and numbers, no modules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hfl.submodel.spec import SubmodelSpec
+
+StateDict = dict[str, Tensor]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from non-negative integers (experiment seed, round, client, stream tag...)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimiser and loop settings of one client-round."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+    local_epochs: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Per-round facts about one client; every random choice of that client-round derives from it."""
+
+    round: int
+    client_id: int
+    seed: int
+    num_samples: int
+    train: TrainSettings
+
+    def seed_for(self, *tags: int) -> int:
+        return derive_seed(self.seed, self.round, self.client_id, *tags)
+
+    def generator(self, *tags: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed_for(*tags))
+
+    def rng(self, *tags: int) -> np.random.Generator:
+        return np.random.default_rng(self.seed_for(*tags))
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """What a client is asked to do: the sub-model it trains and the method's objective settings."""
+
+    ctx: RoundContext
+    spec: SubmodelSpec
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What a client sends back: the tensors it trained (client shapes), its weight and metrics."""
+
+    client_id: int
+    state: StateDict
+    weight: float
+    spec: SubmodelSpec
+    metrics: dict[str, Any]

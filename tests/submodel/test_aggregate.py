@@ -1,0 +1,43 @@
+"""The masked weighted mean: FedAvg on full updates, per-entry averages on partial ones."""
+
+import torch
+
+from hfl.submodel import SubmodelSpec
+from hfl.submodel.aggregate import masked_weighted_mean
+from hfl.types import ClientUpdate
+
+
+def update(state, weight, spec=None):
+    return ClientUpdate(0, state, weight, spec or SubmodelSpec(), {})
+
+
+def test_full_updates_give_the_weighted_average():
+    g = {"w": torch.zeros(3), "steps": torch.tensor(4)}
+    a = update({"w": torch.tensor([1.0, 2.0, 3.0]), "steps": torch.tensor(5)}, 1)
+    b = update({"w": torch.tensor([3.0, 2.0, 1.0]), "steps": torch.tensor(7)}, 3)
+    new = masked_weighted_mean(g, [a, b])
+    torch.testing.assert_close(new["w"], torch.tensor([2.5, 2.0, 1.5]))
+    assert int(new["steps"]) == 7
+
+
+def test_partial_updates_average_only_over_holders():
+    g = {"w": torch.full((4,), 9.0), "untouched": torch.ones(2)}
+    prefix = SubmodelSpec(width=0.5, indices={"w": {0: torch.tensor([0, 1])}})
+    rolled = SubmodelSpec(width=0.5, indices={"w": {0: torch.tensor([3, 0])}})
+    masked = SubmodelSpec(masks={"w": torch.tensor([True, False, True, True])})
+    updates = [
+        update({"w": torch.tensor([1.0, 2.0])}, 1, prefix),
+        update({"w": torch.tensor([4.0, 3.0])}, 2, rolled),  # entries 3 and 0
+        update({"w": torch.tensor([5.0, 0.0, 5.0, 5.0])}, 1, masked),  # entry 1 pruned
+    ]
+    new = masked_weighted_mean(g, updates)
+    expected = torch.tensor([(1 * 1 + 2 * 3 + 1 * 5) / 4, 2.0, 5.0, (2 * 4 + 1 * 5) / 3])
+    torch.testing.assert_close(new["w"], expected)
+    assert torch.equal(new["untouched"], g["untouched"])
+
+
+def test_two_dimensional_indices():
+    g = {"w": torch.zeros(3, 3)}
+    spec = SubmodelSpec(indices={"w": {0: torch.tensor([2, 0]), 1: torch.tensor([1, 2])}})
+    new = masked_weighted_mean(g, [update({"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}, 1, spec)])
+    torch.testing.assert_close(new["w"], torch.tensor([[0.0, 3.0, 4.0], [0.0, 0.0, 0.0], [0.0, 1.0, 2.0]]))

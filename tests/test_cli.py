@@ -1,0 +1,48 @@
+"""The `hfl` command as a user runs it."""
+
+import json
+
+import pytest
+
+from hfl.cli import main
+from tests.conftest import QUICKSTART
+
+
+def test_methods_lists_registered_methods_with_papers(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and "fedprox" in out and "MLSys 2020" in out
+
+
+def test_data_prints_histogram_and_writes_heatmap(tmp_path, capsys):
+    png = tmp_path / "labels.png"
+    assert main(["data", str(QUICKSTART), "fl.clients=5", "data.partition=pathological", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert len(rows) == 5
+    assert all(sum(int(v) > 0 for v in row[1:-1]) == 2 for row in rows)  # Λ = 2 labels per client
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_reports_missing_dataset_path(tmp_path, capsys):
+    code = main(["run", str(QUICKSTART), "data.name=mnist", f"data.root={tmp_path}", f"data.cache_dir={tmp_path}/c", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_resume_needs_a_checkpoint(tmp_path, capsys):
+    assert main(["run", str(QUICKSTART), "--resume", str(tmp_path)]) == 2
+    assert "checkpoint" in capsys.readouterr().err
+
+
+def test_wandb_logs_offline_into_the_run_folder(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICKSTART), "fl.rounds=1", "fl.clients=4", "logging.wandb=true", "--out", str(out)]) == 0
+    assert list((out / "wandb").glob("offline-run-*")), "an offline wandb run is written beside the metrics"
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_090(tmp_path):
+    assert main(["run", str(QUICKSTART), "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_accuracy"] >= 0.90 and summary["rounds"] == 20

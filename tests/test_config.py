@@ -1,0 +1,65 @@
+"""Config loading, overrides and the errors a user sees."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hfl.config import FLConfig, load_config
+from hfl.errors import ConfigError
+from tests.conftest import QUICKSTART, ROOT, cli_env
+
+
+def test_quickstart_loads_with_typed_overrides():
+    config = load_config(QUICKSTART, ["fl.rounds=3", "data.alpha=0.3", "method.name=fedprox", "method.mu=0.1"])
+    assert config.fl.rounds == 3 and isinstance(config.fl.rounds, int)
+    assert config.data.alpha == 0.3
+    assert config.method.name == "fedprox" and config.method.mu == 0.1
+    assert config.name == "quickstart"
+
+
+@pytest.mark.parametrize(
+    "override, field, allowed",
+    [
+        ("fl.roundz=3", "fl.roundz", "rounds"),
+        ("data.alpha=-1", "data.alpha", "> 0"),
+        ("fl.rounds=abc", "fl.rounds", "an integer"),
+        ("fl.fraction=1.5", "fl.fraction", "(0, 1]"),
+        ("method.name=nosuch", "method.name", "fedavg"),
+        ("method.mu=0.1", "method.mu", "name"),  # fedavg has no mu
+        ("model.name=vgg", "model.name", "preresnet20"),
+        ("data.partition=weird", "data.partition", "dirichlet"),
+        ("fl.lr_schedule=linear", "fl.lr_schedule", "cosine"),
+        ("backend.name=spark", "backend.name", "local"),
+        ("nosection.x=1", "nosection", "fl"),
+        ("fl.rounds", "override", "key=value"),
+    ],
+)
+def test_bad_values_name_field_value_and_allowed(override, field, allowed):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [override])
+    assert info.value.field == field
+    assert allowed in info.value.allowed
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="existing YAML"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_reports_bad_config_in_one_line_with_exit_code_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "data.alpha=-1"],
+        capture_output=True, text=True, cwd=ROOT, env=cli_env(),
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == ["hfl: error: data.alpha=-1.0 is not allowed: expected a number > 0"]
+
+
+def test_learning_rate_schedules():
+    step = FLConfig(rounds=8, lr=1.0, lr_schedule="step", lr_decay=0.1)
+    assert [round(step.lr_at(r), 6) for r in range(1, 9)] == [1, 1, 1, 1, 0.1, 0.1, 0.01, 0.01]
+    cosine = FLConfig(rounds=4, lr=1.0, lr_schedule="cosine")
+    assert cosine.lr_at(1) == 1.0 and cosine.lr_at(3) == pytest.approx(0.5)
+    assert FLConfig(lr=0.3).lr_at(7) == 0.3

@@ -1,0 +1,92 @@
+"""The round loop end to end on digits: metrics files, determinism, drivers, resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hfl.loggers import read_metrics
+from hfl.server import run_experiment, sample_cohort
+from tests.conftest import QUICKSTART, ROOT, cli_env, small_config
+
+
+def scores(out):
+    return [(r["round"], r["accuracy"], r["loss"], [c["train_loss"] for c in r["clients"]]) for r in read_metrics(out)]
+
+
+def test_run_writes_metrics_and_summary(tmp_path):
+    summary = run_experiment(small_config(fl={"eval_every": 2}), tmp_path)
+    records = read_metrics(tmp_path)
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert records[0]["accuracy"] is None and records[1]["accuracy"] is not None  # eval every 2, and the last
+    for record in records:
+        assert len(record["clients"]) == 3 and record["wall_seconds"] > 0
+        for client in record["clients"]:
+            assert {"id", "num_samples", "train_loss", "bytes_down", "bytes_up"} <= client.keys()
+            assert client["bytes_up"] == client["bytes_down"] > 0  # FedAvg: the whole model both ways
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved == summary
+    assert summary["final_accuracy"] == records[-1]["accuracy"]
+    assert summary["best_accuracy"] == max(r["accuracy"] for r in records if r["accuracy"] is not None)
+    assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "config.yaml").is_file()
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
+    run_experiment(small_config(), tmp_path / "a")
+    run_experiment(small_config(), tmp_path / "b")
+    run_experiment(small_config(seed=1), tmp_path / "c")
+    assert scores(tmp_path / "a") == scores(tmp_path / "b")
+    assert scores(tmp_path / "a") != scores(tmp_path / "c")
+
+
+def test_lightning_trainer_gives_the_same_weights_as_the_fast_driver(tmp_path):
+    config = small_config(fl={"rounds": 2})
+    run_experiment(config, tmp_path / "fast")
+    run_experiment(small_config(fl={"rounds": 2}, backend={"device": "cpu", "trainer": "lightning"}), tmp_path / "pl")
+    fast, pl = scores(tmp_path / "fast"), scores(tmp_path / "pl")
+    assert [r[0] for r in fast] == [r[0] for r in pl]
+    for a, b in zip(fast, pl):
+        assert a[1] == pytest.approx(b[1]) and a[2] == pytest.approx(b[2], rel=1e-5)
+
+
+def test_cohort_is_a_seeded_fraction():
+    config = small_config(fl={"clients": 10, "fraction": 0.3})
+    cohorts = [sample_cohort(config, r) for r in range(1, 6)]
+    assert all(len(c) == 3 and len(set(c)) == 3 for c in cohorts)
+    assert cohorts == [sample_cohort(config, r) for r in range(1, 6)]
+    assert len({tuple(c) for c in cohorts}) > 1
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    overrides = ["fl.rounds=6", "fl.clients=6", "fl.fraction=1.0", "fl.local_epochs=8", "backend.device=cpu"]
+    command = [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), *overrides]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run([*command, "--out", str(full)], check=True, cwd=ROOT, env=cli_env(), capture_output=True)
+
+    proc = subprocess.Popen([*command, "--out", str(killed)], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(read_metrics(killed)) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    rounds_before_kill = len(read_metrics(killed))
+    assert 3 <= rounds_before_kill < 6, "the run must be killed part-way"
+
+    subprocess.run([*command, "--resume", str(killed)], check=True, cwd=ROOT, env=cli_env(), capture_output=True)
+    assert scores(killed) == scores(full)
+    assert json.loads((killed / "summary.json").read_text())["final_accuracy"] == json.loads((full / "summary.json").read_text())["final_accuracy"]
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    run_experiment(small_config(fl={"rounds": 1}), tmp_path)
+    from hfl.cli import main
+
+    config_path = tmp_path / "config.yaml"
+    assert main(["run", str(config_path), "fl.rounds=2", "--resume", str(tmp_path)]) == 0  # more rounds is fine
+    assert len(read_metrics(tmp_path)) == 2
+    assert main(["run", str(config_path), "data.alpha=0.9", "--resume", str(tmp_path)]) == 2
