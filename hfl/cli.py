@@ -116,6 +116,47 @@ def command_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def command_budget(args: argparse.Namespace) -> int:
+    import json
+
+    from hfl.accounting.report import budget_report
+    from hfl.backends import ClientEnvironment
+    from hfl.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    report = budget_report(config, ClientEnvironment.from_config(config))
+    shape = "x".join(map(str, report["input_shape"]))
+    print(f"{report['model']} (width {report['model_width']:g}) on {report['dataset']} {shape}, batch {report['batch_size']}, "
+          f"optimizer {report['optimizer']}; memory in MiB\n")
+    print("Training one block (FeDepth's unit: that block and the head trained, the other blocks frozen)")
+    print(table(["block", "channels", "params", "activations", "block alone", "peak with model resident"],
+                [[b["block"], b["channels"], mib(b["param_bytes"]), mib(b["activation_bytes"]), mib(b["block_training_bytes"]), mib(b["peak_bytes"])]
+                 for b in report["blocks"]]))
+    print("\nTraining the whole model by width")
+    print(table(["width", "params", "activations", "peak", "GFLOPs/sample"],
+                [[f"x{w['width']}", mib(w["param_bytes"]), mib(w["activation_bytes"]), mib(w["peak_bytes"]), f"{w['train_flops_per_sample'] / 1e9:.4f}"]
+                 for w in report["widths"]]))
+    if report["tiers"]:
+        print(f"\nBudget tiers ({report['scenario']})")
+        print(table(["tier", "clients", "memory", "memory MiB", "upload MiB", "flops"],
+                    [[t["tier"], t["clients"], t["memory"], mib(t["memory_bytes"]), mib(t["upload_bytes"]), t["flops"] or "-"] for t in report["tiers"]]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\njson: {args.json}")
+    return 0
+
+
 def command_methods(args: argparse.Namespace) -> int:
     import hfl  # noqa: F401  (fills the registries)
     from hfl.registry import METHODS
@@ -146,6 +187,11 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("overrides", nargs="*")
     data.add_argument("--png", help="also write the histogram as a PNG heat map")
     data.set_defaults(func=command_data)
+    budget = sub.add_parser("budget", help="print training memory per block and per width, and the budget tiers")
+    budget.add_argument("config")
+    budget.add_argument("overrides", nargs="*")
+    budget.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    budget.set_defaults(func=command_budget)
     methods = sub.add_parser("methods", help="list registered methods with their papers")
     methods.set_defaults(func=command_methods)
     return p

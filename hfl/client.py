@@ -31,6 +31,10 @@ def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | No
     )
 
 
+def state_tensors(model: nn.Module) -> list[Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
 class ClientBatches:
     """The mini-batches of one client: a fresh seeded permutation and augmentation every epoch."""
 
@@ -93,12 +97,10 @@ class ClientModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         settings = self.task.ctx.train
-        return torch.optim.SGD(
-            [p for _, p in self.trainable_parameters()],
-            lr=settings.lr,
-            momentum=settings.momentum,
-            weight_decay=settings.weight_decay,
-        )
+        params = [p for _, p in self.trainable_parameters()]
+        if settings.optimizer == "adam":
+            return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
 
     def mean_loss(self) -> float:
         return float(self.loss_sum) / max(self.steps, 1)
@@ -150,11 +152,21 @@ def train_client(
     for name, param in model.named_parameters():
         param.requires_grad_(name not in spec.frozen)
     module = ClientModule(model, method, task)
+    device = module.device_of_model()
+    if device.type == "cuda":  # measure this client's training alone, beside the resident weights
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
     # Every global-RNG draw (dropout, user code) is seeded by the client-round, so results do not
     # depend on which clients ran before on this process.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(task.ctx.seed_for(0))
         DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
+    measured_peak = None
+    if device.type == "cuda":
+        resident = sum(t.numel() * t.element_size() for t in state_tensors(model))
+        measured_peak = torch.cuda.max_memory_allocated(device) - baseline + resident
+    model.zero_grad(set_to_none=True)
     state = model.state_dict()
     sent = {k: state[k].detach().clone() for k in uploaded_keys(state, spec)}
     metrics = {
@@ -163,6 +175,7 @@ def train_client(
         "train_loss": module.mean_loss(),
         "bytes_down": tensor_bytes(received, spec.masks),
         "bytes_up": tensor_bytes(sent, spec.masks),
+        "measured_peak_bytes": measured_peak,
         "submodel": spec.describe(),
         "seconds": time.perf_counter() - start,
     }

@@ -94,7 +94,9 @@ class FLConfig:
     momentum: float = 0.0
     """Client SGD momentum (the optimiser state is fresh every round)."""
     weight_decay: float = 0.0
-    """Client SGD weight decay."""
+    """Client weight decay."""
+    optimizer: str = "sgd"
+    """Client optimiser: sgd (with `momentum`) or adam."""
     lr_schedule: str = "constant"
     """Learning rate over rounds: constant, cosine (to 0 at the last round), step (x lr_decay at 1/2 and 3/4 of the rounds)."""
     lr_decay: float = 0.1
@@ -112,6 +114,7 @@ class FLConfig:
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine", "step"))
+        check_choice("optimizer", self.optimizer, ("sgd", "adam"))
         check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "a number in (0, 1]")
 
     def lr_at(self, round_: int) -> float:
@@ -122,6 +125,48 @@ class FLConfig:
         if self.lr_schedule == "step":
             return self.lr * self.lr_decay ** ((progress >= 0.5) + (progress >= 0.75))
         return self.lr
+
+
+@dataclass(frozen=True)
+class BudgetsConfig:
+    scenario: str = "none"
+    """none; fair, lack or surplus (FeDepth: a quarter of the clients each gets the memory of training
+    the full model at width 1/6,1/3,1/2,1 / 1/8,1/6,1/2,1 / 1/6,1/3,1/2,2); tiers (`memory` per tier,
+    `shares`); per_client (`memory` per client)."""
+    memory: tuple[str, ...] = ()
+    """Memory budgets: `width:R` (training the configured model at width R costs), `256MB`, `1.5GiB`
+    (MB/GB are 10^6/10^9 bytes, MiB/GiB 2^20/2^30) or a byte count."""
+    flops: tuple[str, ...] = ()
+    """Optional FLOPs budget of a client-round, one per `memory` entry: `width:R` or a number."""
+    upload: tuple[str, ...] = ()
+    """Optional upload budget per round, one per `memory` entry: `width:R` (that model's bytes) or `10MB`."""
+    shares: tuple[float, ...] = ()
+    """tiers: share of the clients in each tier, summing to 1 (default equal)."""
+    names: tuple[str, ...] = ()
+    """tiers: a name per tier (default from the widths, else tier0, tier1, ...)."""
+
+    def __post_init__(self) -> None:
+        from hfl.accounting.budgets import SCENARIOS, check_amount
+
+        check_choice("scenario", self.scenario, ("none", *SCENARIOS, "tiers", "per_client"))
+        custom = self.scenario in ("tiers", "per_client")
+        check(bool(self.memory) == custom, "memory", list(self.memory), "a list of amounts exactly when scenario is tiers or per_client")
+        for name in ("memory", "flops", "upload"):
+            for amount in getattr(self, name):
+                try:
+                    check_amount(amount)
+                except ValueError as error:
+                    raise ConfigError(name, amount, str(error)) from None
+        for name in ("flops", "upload", *(("shares", "names") if self.scenario == "tiers" else ())):
+            values = getattr(self, name)
+            check(not values or len(values) == len(self.memory), name, list(values), f"{len(self.memory)} entries, one per memory entry")
+        if self.shares:
+            check(self.scenario == "tiers", "shares", list(self.shares), "only with scenario=tiers")
+            check(all(s > 0 for s in self.shares) and abs(sum(self.shares) - 1) < 1e-6, "shares", list(self.shares), "positive shares summing to 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.scenario != "none"
 
 
 @dataclass(frozen=True)
@@ -169,12 +214,15 @@ class ExperimentConfig:
     method: Any = None
     """The method's own config dataclass, chosen by `method.name`."""
     fl: FLConfig = field(default_factory=FLConfig)
+    budgets: BudgetsConfig = field(default_factory=BudgetsConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         if self.method is None:
             object.__setattr__(self, "method", METHODS.get("fedavg").Config())
+        if self.budgets.scenario == "per_client" and len(self.budgets.memory) != self.fl.clients:
+            raise ConfigError("budgets.memory", list(self.budgets.memory), f"one amount per client ({self.fl.clients})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

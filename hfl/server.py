@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hfl.accounting.budgets import assign_budgets
 from hfl.backends import ClientEnvironment
 from hfl.backends.base import build_model_for
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
@@ -20,7 +21,8 @@ from hfl.config import ExperimentConfig, FLConfig, dump_config
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.models import ScalableModel
 from hfl.registry import BACKENDS
-from hfl.types import RoundContext, StateDict, TrainSettings, derive_seed
+from hfl.seeding import derive_seed
+from hfl.types import RoundContext, StateDict, TrainSettings
 
 log = logging.getLogger(__name__)
 COHORT_STREAM, MODEL_STREAM = 2**31 - 2, 2**31 - 3  # seed tags apart from client ids
@@ -36,7 +38,7 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
 
 
 def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
-    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size)
+    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
 
 
 @torch.no_grad()
@@ -61,8 +63,52 @@ def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
     return RunState(0, global_state, env.method.init_state(), 0.0)
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def over_budget(client: dict[str, Any]) -> dict[str, bool]:
+    """Which of a client-round's budgets it exceeded (estimated or, where measured, measured)."""
+    peak = max(client["estimated_peak_bytes"], client.get("measured_peak_bytes") or 0)
+    limits = (("memory", peak, "budget_bytes"), ("flops", client["flops"], "budget_flops"), ("upload", client["bytes_up"], "budget_upload_bytes"))
+    return {kind: client.get(key) is not None and used > client[key] for kind, used, key in limits}
+
+
+def resource_summary(clients: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals, violations and per-tier means over all client-rounds."""
+    excess = [over_budget(c) for c in clients]
+    summary: dict[str, Any] = {
+        "client_rounds": len(clients),
+        "budget_violations": sum(e["memory"] for e in excess),
+        "flops_violations": sum(e["flops"] for e in excess),
+        "upload_violations": sum(e["upload"] for e in excess),
+        "total_flops": sum(c["flops"] for c in clients),
+        "total_bytes_down": sum(c["bytes_down"] for c in clients),
+        "total_bytes_up": sum(c["bytes_up"] for c in clients),
+        "mean_estimated_peak_bytes": _mean([c["estimated_peak_bytes"] for c in clients]),
+        "max_estimated_peak_bytes": max((c["estimated_peak_bytes"] for c in clients), default=None),
+        "max_measured_peak_bytes": max((c["measured_peak_bytes"] for c in clients if c.get("measured_peak_bytes")), default=None),
+    }
+    tiers: dict[str, dict[str, Any]] = {}
+    for tier in sorted({c["tier"] for c in clients if c.get("tier") is not None}):
+        members = [(c, e) for c, e in zip(clients, excess) if c["tier"] == tier]
+        tiers[tier] = {
+            "client_rounds": len(members),
+            "budget_bytes": members[0][0]["budget_bytes"],
+            "mean_estimated_peak_bytes": _mean([c["estimated_peak_bytes"] for c, _ in members]),
+            "mean_measured_peak_bytes": _mean([c["measured_peak_bytes"] for c, _ in members if c.get("measured_peak_bytes")]),
+            "mean_flops": _mean([c["flops"] for c, _ in members]),
+            "mean_bytes_down": _mean([c["bytes_down"] for c, _ in members]),
+            "mean_bytes_up": _mean([c["bytes_up"] for c, _ in members]),
+            "budget_violations": sum(e["memory"] for _, e in members),
+        }
+    summary["tiers"] = tiers
+    return summary
+
+
 def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[str, Any]:
-    evaluated = [r for r in read_metrics(out_dir) if r.get("accuracy") is not None]
+    records = read_metrics(out_dir)
+    evaluated = [r for r in records if r.get("accuracy") is not None]
     return {
         "name": config.name,
         "method": config.method.name,
@@ -71,6 +117,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "final_loss": evaluated[-1]["loss"] if evaluated else None,
         "rounds": config.fl.rounds,
         "wall_seconds": elapsed,
+        **resource_summary([c for r in records for c in r["clients"]]),
     }
 
 
@@ -94,6 +141,7 @@ def run_experiment(
         sinks.append(WandbLogger(config, out, resume))
     sinks.extend(callbacks)
     eval_model = build_model_for(config, env.data).to(env.device)
+    _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
 
     for r in range(state.round + 1, fl.rounds + 1):
         started = time.perf_counter()
@@ -102,7 +150,7 @@ def run_experiment(
         # 2. plan: which sub-model and objective settings each client gets
         settings = train_settings(fl, r)
         tasks = [
-            method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings), state.method_state)
+            method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
             for c in cohort
         ]
         # 3. local training

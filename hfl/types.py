@@ -9,14 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hfl.accounting.budgets import ClientBudget
+from hfl.seeding import derive_seed
 from hfl.submodel.spec import SubmodelSpec
 
 StateDict = dict[str, Tensor]
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from non-negative integers (experiment seed, round, client, stream tag...)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
 @dataclass(frozen=True)
@@ -28,6 +25,7 @@ class TrainSettings:
     weight_decay: float
     local_epochs: int
     batch_size: int
+    optimizer: str = "sgd"
 
 
 @dataclass(frozen=True)
@@ -39,6 +37,7 @@ class RoundContext:
     seed: int
     num_samples: int
     train: TrainSettings
+    budget: ClientBudget | None = None
 
     def seed_for(self, *tags: int) -> int:
         return derive_seed(self.seed, self.round, self.client_id, *tags)

@@ -9,12 +9,14 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from hfl.accounting import Accountant, optimizer_kind
 from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.methods import Method, build_method
 from hfl.models import ScalableModel, build_model
-from hfl.types import ClientTask, ClientUpdate, StateDict, derive_seed
+from hfl.seeding import derive_seed
+from hfl.types import ClientTask, ClientUpdate, StateDict
 
 PARTITION_STREAM = 2**31 - 1  # seed tag of the data partition, apart from every client's streams
 
@@ -49,6 +51,7 @@ class ClientEnvironment:
     test_x: Tensor
     """Normalised once: evaluation reads it every round."""
     test_y: Tensor
+    accountant: Accountant
     _models: dict[tuple[float, frozenset[int]], ScalableModel] = field(default_factory=dict)
 
     @classmethod
@@ -81,6 +84,12 @@ class ClientEnvironment:
             train_y=data.train_y.to(device),
             test_x=transform(data.test_x.to(device), train=False),
             test_y=data.test_y.to(device),
+            accountant=Accountant(
+                build=lambda width: build_model_for(config, data, width),
+                input_shape=tuple(data.train_x.shape[1:]),
+                num_classes=data.num_classes,
+                optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
+            ),
         )
 
     def model(self, width: float | None, dropped_blocks: frozenset[int]) -> ScalableModel:
@@ -104,7 +113,24 @@ class ClientEnvironment:
             ctx.generator(SHUFFLE_STREAM),
         )
         model = self.model(task.spec.width, task.spec.dropped_blocks)
-        return train_client(model, self.method, task, global_state, batches, self.config.backend.trainer)
+        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer)
+        update.metrics.update(self.cost_metrics(task))
+        return update
+
+    def cost_metrics(self, task: ClientTask) -> dict[str, object]:
+        """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""
+        ctx, spec = task.ctx, task.spec
+        width = self.config.model.width if spec.width is None else spec.width
+        cost = self.accountant.cost(width, min(ctx.train.batch_size, ctx.num_samples), spec)
+        budget = ctx.budget
+        return {
+            "tier": budget.tier if budget else None,
+            "budget_bytes": budget.memory_bytes if budget else None,
+            "estimated_peak_bytes": cost.peak_bytes,
+            "flops": cost.train_flops_per_sample * ctx.num_samples * ctx.train.local_epochs,
+            "budget_flops": budget.flops if budget else None,
+            "budget_upload_bytes": budget.upload_bytes if budget else None,
+        }
 
 
 def build_model_for(config: ExperimentConfig, data: ImageDataset, width: float | None = None) -> ScalableModel:

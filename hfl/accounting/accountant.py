@@ -1,0 +1,57 @@
+"""Training costs per (sub-model shape, batch size), measured once and cached."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.models.base import ScalableModel
+from hfl.submodel.spec import SubmodelSpec
+
+ModelFactory = Callable[[float], ScalableModel]
+
+
+def optimizer_kind(name: str, momentum: float) -> str:
+    """The accounting's optimiser-state kind for an `fl.optimizer` setting."""
+    return "adam" if name == "adam" else ("sgd_momentum" if momentum > 0 else "sgd")
+
+
+@dataclass
+class Accountant:
+    """Answers "what does training this sub-model cost?" for one experiment's model and data.
+
+    Specs that differ only in their indices (a rolled window, a different channel choice) have the
+    same cost, so the cache key is the shape: width, dropped blocks, frozen tensors, batch size."""
+
+    build: ModelFactory
+    """Builds the model at an absolute width ratio."""
+    input_shape: tuple[int, ...]
+    num_classes: int
+    optimizer: str = "sgd_momentum"
+    _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
+
+    def cost(self, width: float, batch_size: int, spec: SubmodelSpec | None = None) -> TrainingCost:
+        spec = spec or SubmodelSpec()
+        key = (width, spec.dropped_blocks, spec.frozen, batch_size)
+        if key not in self._cache:
+            model = self.build(width)
+            model.drop_blocks(spec.dropped_blocks)
+            for name, param in model.named_parameters():
+                param.requires_grad_(name not in spec.frozen)
+            self._cache[key] = measure_training_cost(model, self.input_shape, self.num_classes, batch_size, self.optimizer)
+        return self._cache[key]
+
+    def block_cost(self, block: int, batch_size: int, width: float = 1.0) -> TrainingCost:
+        """Training body block `block` alone (FeDepth's unit): the other blocks frozen, only that
+        block's saved activations counted, the head trained with it."""
+        key = ("block", block, batch_size, width)
+        if key not in self._cache:
+            model = self.build(width)
+            model.requires_grad_(False)
+            model.body[block].requires_grad_(True)
+            model.head.requires_grad_(True)
+            self._cache[key] = measure_training_cost(
+                model, self.input_shape, self.num_classes, batch_size, self.optimizer, record_only=f"body.{block}"
+            )
+        return self._cache[key]

@@ -1,0 +1,58 @@
+"""The numbers behind `hfl budget`: per-block and per-width training memory, and the tiers' budgets."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hfl.accounting.budgets import assign_budgets, parse_width
+from hfl.backends import ClientEnvironment
+from hfl.config import ExperimentConfig
+
+REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
+
+
+def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
+    accountant, batch = env.accountant, config.fl.batch_size
+    model = env.method.model
+    blocks = []
+    for block in model.blocks():
+        cost = accountant.block_cost(block.index, batch, config.model.width)
+        block_params = sum(p.numel() * p.element_size() for p in model.body[block.index].parameters())
+        blocks.append({
+            "block": block.index + 1,
+            "channels": dict((g.name, g.size) for g in model.channel_groups())[block.out_group],
+            "param_bytes": block_params,
+            "activation_bytes": cost.activation_bytes,
+            "block_training_bytes": block_params * (1 + 1 + cost.optimizer_bytes // max(cost.grad_bytes, 1)) + cost.activation_bytes,
+            "peak_bytes": cost.peak_bytes,
+        })
+    widths = []
+    for text in REPORT_WIDTHS:
+        cost = accountant.cost(parse_width(text), batch)
+        widths.append({
+            "width": text,
+            "param_bytes": cost.param_bytes,
+            "activation_bytes": cost.activation_bytes,
+            "peak_bytes": cost.peak_bytes,
+            "train_flops_per_sample": cost.train_flops_per_sample,
+        })
+    tier_list, budgets = assign_budgets(config, accountant, [len(p) for p in env.partitions])
+    counts = Counter(b.tier for b in budgets if b is not None)
+    tiers = []
+    for tier in tier_list:
+        first = next(b for b in budgets if b is not None and b.tier == tier.name)
+        tiers.append({"tier": tier.name, "clients": counts[tier.name], "memory": tier.memory,
+                      "memory_bytes": first.memory_bytes, "upload_bytes": first.upload_bytes, "flops": tier.flops})
+    return {
+        "model": config.model.name,
+        "model_width": config.model.width,
+        "dataset": config.data.name,
+        "input_shape": list(accountant.input_shape),
+        "batch_size": batch,
+        "optimizer": accountant.optimizer,
+        "blocks": blocks,
+        "widths": widths,
+        "scenario": config.budgets.scenario,
+        "tiers": tiers,
+    }

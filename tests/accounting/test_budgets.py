@@ -1,0 +1,77 @@
+"""Budget parsing, scenarios and assignment; violations end to end."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from hfl.accounting.budgets import SCENARIOS, BudgetResolver, _absolute, assign_budgets, assign_tiers, parse_width, tiers_of
+from hfl.backends import ClientEnvironment
+from hfl.config import load_config
+from hfl.errors import ConfigError
+from hfl.server import run_experiment
+from tests.conftest import QUICKSTART, small_config
+
+
+def test_absolute_amounts():
+    assert _absolute("256MB") == 256 * 10**6
+    assert _absolute("1.5GiB") == int(1.5 * 2**30)
+    assert _absolute("3e9") == 3 * 10**9
+    assert _absolute("1024") == 1024
+
+
+@pytest.mark.parametrize("override", ["budgets.scenario=tiers budgets.memory=[12XB]", "budgets.scenario=tiers budgets.memory=[width:0]",
+                                       "budgets.scenario=fair budgets.memory=[1MB]", "budgets.scenario=tiers budgets.memory=[1MB,2MB] budgets.shares=[0.5,0.6]",
+                                       "budgets.scenario=per_client budgets.memory=[1MB]", "budgets.scenario=generous"])
+def test_bad_budgets_name_the_field(override):
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, override.split())
+    assert info.value.field.startswith("budgets.")
+
+
+@pytest.mark.parametrize("clients, counts", [(100, [25, 25, 25, 25]), (10, [3, 3, 2, 2])])
+def test_scenarios_give_each_width_a_quarter_of_the_clients(clients, counts):
+    tiers = tiers_of("fair", (), (), (), (), ())
+    assert [t.memory for t in tiers] == [f"width:{w}" for w in SCENARIOS["fair"]]
+    tier_of = assign_tiers(tiers, clients, np.random.default_rng(0))
+    assert [Counter(tier_of)[i] for i in range(4)] == counts
+    assert tier_of == assign_tiers(tiers, clients, np.random.default_rng(0))
+    assert tier_of != assign_tiers(tiers, clients, np.random.default_rng(1))
+
+
+def test_tier_shares():
+    tiers = tiers_of("tiers", ("width:1/4", "1GB"), (), (), (0.2, 0.8), ())
+    assert Counter(assign_tiers(tiers, 10, np.random.default_rng(0))) == {0: 2, 1: 8}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_scenario_budgets_are_the_memory_of_training_at_each_width(scenario):
+    config = small_config(budgets={"scenario": scenario}, fl={"clients": 8})
+    env = ClientEnvironment.from_config(config)
+    tiers, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
+    by_tier = {b.tier: b.memory_bytes for b in budgets}
+    expected = [env.accountant.cost(parse_width(w), config.fl.batch_size).peak_bytes for w in SCENARIOS[scenario]]
+    assert [by_tier[t.name] for t in tiers] == expected
+    assert expected == sorted(expected)
+    assert Counter(b.tier for b in budgets) == {t.name: 2 for t in tiers}
+
+
+def test_relative_flops_and_upload_budgets():
+    config = small_config(budgets={"scenario": "tiers", "memory": ["width:1/2"], "flops": ["width:1/2"], "upload": ["width:1/2"]})
+    env = ClientEnvironment.from_config(config)
+    _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
+    cost = env.accountant.cost(0.5, config.fl.batch_size)
+    assert budgets[0].upload_bytes == cost.param_bytes
+    assert budgets[0].flops == cost.train_flops_per_sample * len(env.partitions[0]) * config.fl.local_epochs
+    resolver = BudgetResolver(env.accountant, config.fl.batch_size, 1)
+    assert resolver.memory("1MB") == 10**6
+
+
+@pytest.mark.parametrize("width, violations", [(1.0, True), (0.1667, False)])
+def test_fedavg_violates_fair_budgets_only_at_full_width(tmp_path, width, violations):
+    config = small_config(model={"width": width}, budgets={"scenario": "fair"}, fl={"rounds": 2, "clients": 8, "fraction": 1.0})
+    summary = run_experiment(config, tmp_path)
+    assert (summary["budget_violations"] > 0) == violations
+    if violations:  # exactly the clients below the full-width tier
+        assert summary["budget_violations"] == 2 * 6 and summary["tiers"]["w1"]["budget_violations"] == 0
+    assert set(summary["tiers"]) == {"w1_6", "w1_3", "w1_2", "w1"}

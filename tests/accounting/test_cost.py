@@ -1,0 +1,89 @@
+"""Accounting against numbers computed by hand on models small enough to count."""
+
+import pytest
+import torch
+from torch import nn
+
+from hfl.accounting import measure_training_cost
+
+B = 32
+F32 = 4
+
+
+def sum_step(model, x, y):
+    """A loss whose backward saves nothing itself, so only the model's saved tensors count."""
+    return model(x).sum()
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def cnn(*frozen):
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 2, 3, padding=1)
+    )
+    for i in frozen:
+        model[i].requires_grad_(False)
+    return model
+
+
+def test_mlp_memory_by_hand():
+    cost = measure_training_cost(mlp(), (8,), 4, B, optimizer="sgd_momentum", step=sum_step)
+    params = (8 * 16 + 16 + 16 * 4 + 4) * F32
+    assert cost.param_bytes == cost.grad_bytes == cost.optimizer_bytes == params
+    # ReLU keeps its output; the second linear keeps its input, the same storage: counted once.
+    # The first linear keeps the input batch, which is counted as input, not as an activation.
+    assert cost.activation_bytes == B * 16 * F32
+    assert cost.input_bytes == B * 8 * F32
+    assert cost.peak_bytes == 3 * params + B * 16 * F32 + B * 8 * F32
+
+
+def test_optimizer_state_by_kind():
+    for kind, copies in (("sgd", 0), ("sgd_momentum", 1), ("adam", 2)):
+        cost = measure_training_cost(mlp(), (8,), 4, B, optimizer=kind, step=sum_step)
+        assert cost.optimizer_bytes == copies * cost.grad_bytes
+
+
+def test_mlp_flops_by_hand():
+    cost = measure_training_cost(mlp(), (8,), 4, B, step=sum_step)
+    assert cost.forward_flops_per_sample == 2 * (8 * 16 + 16 * 4)
+    # Backward: both weight gradients, and the input gradient of the second layer only (the input
+    # batch needs none).
+    assert cost.backward_flops_per_sample == 2 * (8 * 16 + 16 * 4) + 2 * 16 * 4
+
+
+def test_two_conv_cnn_activations_and_flops_by_hand():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1))
+    cost = measure_training_cost(model, (1, 8, 8), 6, B, step=sum_step)
+    assert cost.activation_bytes == B * 4 * 8 * 8 * F32  # the ReLU output, shared with conv2's input
+    conv1, conv2 = 2 * 4 * 64 * 1 * 9, 2 * 6 * 64 * 4 * 9  # 2 * C_out * H * W * C_in * k * k
+    assert cost.forward_flops_per_sample == conv1 + conv2
+    assert cost.backward_flops_per_sample == conv1 + 2 * conv2
+
+
+def test_frozen_prefix_saves_no_activations():
+    full = measure_training_cost(cnn(), (1, 8, 8), 2, B, step=sum_step)
+    frozen = measure_training_cost(cnn(0, 2), (1, 8, 8), 2, B, step=sum_step)
+    assert full.activation_bytes == B * (4 + 6) * 64 * F32
+    assert frozen.activation_bytes == B * 6 * 64 * F32  # only the trained conv's input
+    assert frozen.grad_bytes == (6 * 2 * 9 + 2) * F32
+
+
+def test_measurement_leaves_the_model_untouched():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(3))
+    model(torch.zeros(2, 1, 8, 8))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    measure_training_cost(model, (1, 8, 8), 3, 16)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_real_model_cost_grows_with_batch_and_width():
+    from hfl.models import build_model
+
+    small = measure_training_cost(build_model("preresnet20", 3, 10, width=0.5), (3, 16, 16), 10, 8)
+    wide = measure_training_cost(build_model("preresnet20", 3, 10, width=1.0), (3, 16, 16), 10, 8)
+    big_batch = measure_training_cost(build_model("preresnet20", 3, 10, width=0.5), (3, 16, 16), 10, 16)
+    assert wide.activation_bytes == pytest.approx(2 * small.activation_bytes, rel=0.02)
+    assert big_batch.activation_bytes == pytest.approx(2 * small.activation_bytes, rel=0.02)
+    assert wide.train_flops_per_sample > 3 * small.train_flops_per_sample
