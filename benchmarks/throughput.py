@@ -49,9 +49,11 @@ def run_hfl(trainer: str) -> tuple[float, float]:
         return time.perf_counter() - start, summary["final_accuracy"]
 
 
-def run_plain(seed: int = 0) -> tuple[float, float]:
-    """The same work as a researcher would write it by hand: tensors, randperm batches, SGD."""
+def run_plain(seed: int = 0, per_round: bool = False):
+    """The same work as a researcher would write it by hand: tensors, randperm batches, SGD.
+    Returns (seconds, final accuracy), plus each round's seconds when `per_round`."""
     start = time.perf_counter()
+    round_seconds = []
     config = hfl_config("fast")
     data = load_dataset("digits", config.data.root, config.data.cache_dir)
     x = (data.train_x.float() / 255 - data.mean[0]) / data.std[0]
@@ -63,6 +65,7 @@ def run_plain(seed: int = 0) -> tuple[float, float]:
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(seed)
     for _ in range(ROUNDS):
+        round_start = time.perf_counter()
         cohort = rng.choice(CLIENTS, PER_ROUND, replace=False)
         total = {k: torch.zeros_like(v) for k, v in global_state.items()}
         weight = 0
@@ -86,6 +89,9 @@ def run_plain(seed: int = 0) -> tuple[float, float]:
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == data.test_y).float().mean().item()
+        round_seconds.append(time.perf_counter() - round_start)
+    if per_round:
+        return time.perf_counter() - start, accuracy, round_seconds
     return time.perf_counter() - start, accuracy
 
 

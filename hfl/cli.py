@@ -84,7 +84,7 @@ def command_run(args: argparse.Namespace) -> int:
         done = 0
     print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
     summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
-    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items()]
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items() if v is not None and not isinstance(v, dict)]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     print(f"results: {out}/metrics.jsonl, {out}/summary.json")

@@ -172,7 +172,7 @@ class BudgetsConfig:
 @dataclass(frozen=True)
 class BackendConfig:
     name: str = "local"
-    """Where clients train: local (in-process, one after another)."""
+    """Where clients train: local (in-process, one after another) or ray (actors, on one machine or a cluster)."""
     device: str = "auto"
     """auto (CUDA when available), cpu or cuda."""
     trainer: str = "fast"
@@ -180,10 +180,30 @@ class BackendConfig:
     threads: int = 1
     """CPU threads per process for tensor ops. One suits simulated clients: on 2 cores a small CNN
     ran 4x slower with 2 threads (spin-waiting on tiny ops). Raise it for large models on CPU."""
+    num_cpus_per_client: float = 1.0
+    """ray: CPUs each client actor reserves; the pool holds as many actors as the cluster's CPUs allow."""
+    actors_per_pool: int = 0
+    """ray: actors per pool (per budget tier on a tiered cluster); 0 sizes pools by CPUs."""
+    client_timeout_s: float = 0.0
+    """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""
+    gpu_memory: str = ""
+    """ray: memory of one GPU (e.g. 80GB) for sizing num_gpus = budget / device memory; default: read from CUDA."""
+    ray_log_to_driver: bool = False
+    """ray: show the actors' log lines in this process."""
+    chaos: tuple[str, ...] = ()
+    """ray, for testing fault tolerance: ROUND:CLIENT:KIND rules (KIND raise, exit or hang) that make
+    that client fail in that round."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, BACKENDS.names())
         check(self.threads >= 1, "threads", self.threads, "an integer >= 1")
+        check(self.num_cpus_per_client > 0, "num_cpus_per_client", self.num_cpus_per_client, "a number > 0")
+        check(self.actors_per_pool >= 0, "actors_per_pool", self.actors_per_pool, "an integer >= 0")
+        check(self.client_timeout_s >= 0, "client_timeout_s", self.client_timeout_s, "a number >= 0 (0: no timeout)")
+        for rule in self.chaos:
+            parts = rule.split(":")
+            ok = len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2] in ("raise", "exit", "hang")
+            check(ok, "chaos", rule, "ROUND:CLIENT:KIND with KIND raise, exit or hang")
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("trainer", self.trainer, ("fast", "lightning"))
 

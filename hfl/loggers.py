@@ -19,8 +19,8 @@ class RoundCallback(Protocol):
     def on_end(self, summary: dict[str, Any]) -> None: ...
 
 
-def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / METRICS
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(out_dir) / METRICS
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -117,6 +117,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "final_loss": evaluated[-1]["loss"] if evaluated else None,
         "rounds": config.fl.rounds,
         "wall_seconds": elapsed,
+        "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
         **resource_summary([c for r in records for c in r["clients"]]),
     }
 
@@ -143,34 +144,36 @@ def run_experiment(
     eval_model = build_model_for(config, env.data).to(env.device)
     _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
 
-    for r in range(state.round + 1, fl.rounds + 1):
-        started = time.perf_counter()
-        # 1. cohort
-        cohort = sample_cohort(config, r)
-        # 2. plan: which sub-model and objective settings each client gets
-        settings = train_settings(fl, r)
-        tasks = [
-            method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
-            for c in cohort
-        ]
-        # 3. local training
-        updates = backend.run(state.global_state, tasks)
-        # 4. aggregation
-        state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
-        # 5. evaluation of the global model
-        last = r == fl.rounds
-        scores = {"accuracy": None, "loss": None}
-        if r % fl.eval_every == 0 or last:
-            scores = evaluate(eval_model, state.global_state, env.test_x, env.test_y)
-        # 6. log and checkpoint
-        seconds = time.perf_counter() - started
-        state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
-        record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates]}
-        for sink in sinks:
-            sink.on_round(record)
-        if r % fl.checkpoint_every == 0 or last:
-            save_checkpoint(out, state, config.to_dict())
-
+    try:
+        for r in range(state.round + 1, fl.rounds + 1):
+            started = time.perf_counter()
+            # 1. cohort
+            cohort = sample_cohort(config, r)
+            # 2. plan: which sub-model and objective settings each client gets
+            settings = train_settings(fl, r)
+            tasks = [
+                method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
+                for c in cohort
+            ]
+            # 3. local training
+            updates, failed = backend.run(state.global_state, tasks)
+            # 4. aggregation
+            state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
+            # 5. evaluation of the global model
+            last = r == fl.rounds
+            scores = {"accuracy": None, "loss": None}
+            if r % fl.eval_every == 0 or last:
+                scores = evaluate(eval_model, state.global_state, env.test_x, env.test_y)
+            # 6. log and checkpoint
+            seconds = time.perf_counter() - started
+            state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
+            record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed}
+            for sink in sinks:
+                sink.on_round(record)
+            if r % fl.checkpoint_every == 0 or last:
+                save_checkpoint(out, state, config.to_dict())
+    finally:
+        backend.close()
     summary = summarise(out, config, state.elapsed_seconds)
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     for sink in sinks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -22,7 +22,11 @@ PARTITION_STREAM = 2**31 - 1  # seed tag of the data partition, apart from every
 
 
 class Backend(Protocol):
-    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]: ...
+    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+        """Train every task; returns the updates (in task order) and the failed clients (`id`, `reason`)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def resolve_device(name: str) -> torch.device:

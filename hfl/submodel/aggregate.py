@@ -25,6 +25,7 @@ def masked_weighted_mean(global_state: Mapping[str, Tensor], updates: Iterable[C
         spec, w = update.spec, float(update.weight)
         for key, value in update.state.items():
             old = global_state[key]
+            value = value.to(old.device)  # updates from remote workers arrive on their own device
             if not old.is_floating_point():
                 counters[key] = torch.maximum(counters[key], value) if key in counters else value.clone()
                 continue

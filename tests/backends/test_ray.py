@@ -1,0 +1,47 @@
+"""RayBackend on one machine: same numbers as local, failures recorded and survived."""
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from hfl.loggers import read_metrics  # noqa: E402
+from hfl.server import run_experiment  # noqa: E402
+from tests.conftest import small_config  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def numbers(out):
+    return [(r["round"], r["accuracy"], r["loss"], [(c["id"], c["train_loss"]) for c in r["clients"]]) for r in read_metrics(out)]
+
+
+def test_ray_gives_the_same_numbers_as_local(tmp_path):
+    local = small_config(fl={"rounds": 3})
+    remote = small_config(fl={"rounds": 3}, backend={"name": "ray", "device": "cpu"})
+    run_experiment(local, tmp_path / "local")
+    summary = run_experiment(remote, tmp_path / "ray")
+    assert numbers(tmp_path / "ray") == numbers(tmp_path / "local")
+    assert summary["failed_client_rounds"] == 0
+
+
+def test_failed_clients_are_recorded_and_left_out(tmp_path):
+    chaos = ["2:0:exit", "2:3:raise", "3:1:hang"]
+    config = small_config(
+        fl={"rounds": 4, "clients": 4, "fraction": 1.0},
+        backend={"name": "ray", "device": "cpu", "chaos": chaos, "client_timeout_s": 8},
+    )
+    summary = run_experiment(config, tmp_path)
+    records = read_metrics(tmp_path)
+    failures = {r["round"]: {f["id"]: f["reason"] for f in r["failed_clients"]} for r in records}
+    assert failures[1] == {} and failures[4] == {}
+    assert set(failures[2]) == {0, 3} and "actor died" in failures[2][0] and "injected failure" in failures[2][3]
+    assert set(failures[3]) == {1} and "timed out" in failures[3][1], failures
+    assert [len(r["clients"]) for r in records] == [4, 2, 3, 4]  # the pool replaced the dead actors
+    assert summary["failed_client_rounds"] == 3 and summary["final_accuracy"] is not None
