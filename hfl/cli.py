@@ -43,18 +43,9 @@ class RoundProgress:
             self.bar.close()
 
 
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def check_resumable(config: Any, out: Path) -> None:
     from hfl.checkpoint import has_checkpoint, load_checkpoint
+    from hfl.config import flatten
     from hfl.errors import ConfigError
 
     if not has_checkpoint(out):
@@ -87,6 +78,11 @@ def command_run(args: argparse.Namespace) -> int:
     rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items() if v is not None and not isinstance(v, dict)]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    if summary.get("tiers"):
+        print("\nper budget tier (memory in MiB)")
+        print(table(["tier", "client-rounds", "budget", "mean peak", "violations", "mean GFLOPs", "mean up"],
+                    [[name, t["client_rounds"], mib(t["budget_bytes"]), mib(t["mean_estimated_peak_bytes"]), t["budget_violations"],
+                      f"{t['mean_flops'] / 1e9:.2f}", mib(t["mean_bytes_up"])] for name, t in summary["tiers"].items()]))
     print(f"results: {out}/metrics.jsonl, {out}/summary.json")
     return 0
 
@@ -116,7 +112,7 @@ def command_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def mib(n: int | None) -> str:
+def mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
@@ -157,6 +153,14 @@ def command_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_tune(args: argparse.Namespace) -> int:
+    from hfl.tune import format_results, run_tune
+
+    outcome = run_tune(args.space, args.overrides, out=args.out, resume=args.resume)
+    print(format_results(outcome))
+    return 1 if outcome.incomplete else 0
+
+
 def command_methods(args: argparse.Namespace) -> int:
     import hfl  # noqa: F401  (fills the registries)
     from hfl.registry import METHODS
@@ -192,6 +196,12 @@ def parser() -> argparse.ArgumentParser:
     budget.add_argument("overrides", nargs="*")
     budget.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     budget.set_defaults(func=command_budget)
+    tune = sub.add_parser("tune", help="run a Ray Tune sweep: hfl tune TUNE_SPACE.yaml [key=value ...] [--out DIR] [--resume]")
+    tune.add_argument("space", help="sweep file, e.g. tune_spaces/quickstart.yaml")
+    tune.add_argument("overrides", nargs="*", help="overrides of the base experiment, e.g. fl.rounds=3")
+    tune.add_argument("--out", help="sweep folder (default runs/tune-NAME-TIMESTAMP); with --resume, the sweep to continue")
+    tune.add_argument("--resume", action="store_true", help="continue the interrupted sweep in --out")
+    tune.set_defaults(func=command_tune)
     methods = sub.add_parser("methods", help="list registered methods with their papers")
     methods.set_defaults(func=command_methods)
     return p
@@ -208,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfl: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
-        if getattr(args, "command", "") == "run":
-            print("hfl: interrupted; continue with: hfl run CONFIG --resume OUT", file=sys.stderr)
+        hints = {"run": "hfl run CONFIG --resume OUT", "tune": "hfl tune SPACE --out OUT --resume"}
+        if args.command in hints:
+            print(f"hfl: interrupted; continue with: {hints[args.command]}", file=sys.stderr)
         return 130
 
 

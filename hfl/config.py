@@ -354,5 +354,16 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
     return config_from_dict(apply_overrides(values, overrides))
 
 
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted paths: {"fl": {"lr": 0.1}} -> {"fl.lr": 0.1}."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def dump_config(config: ExperimentConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -137,7 +137,8 @@ def run_experiment(
     else:
         state = initial_state(config, env)
         dump_config(config, out / "config.yaml")
-    sinks: list[RoundCallback] = [MetricsWriter(out, keep_rounds_upto=state.round if resume else None)]
+    metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)
+    sinks: list[RoundCallback] = []
     if config.logging.wandb:
         sinks.append(WandbLogger(config, out, resume))
     sinks.extend(callbacks)
@@ -168,10 +169,13 @@ def run_experiment(
             seconds = time.perf_counter() - started
             state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
             record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed}
-            for sink in sinks:
-                sink.on_round(record)
+            # The round's line, then the checkpoint (a resumed run keeps lines up to its round),
+            # then callbacks, which may hand that checkpoint on (Ray Tune does).
+            metrics.on_round(record)
             if r % fl.checkpoint_every == 0 or last:
                 save_checkpoint(out, state, config.to_dict())
+            for sink in sinks:
+                sink.on_round(record)
     finally:
         backend.close()
     summary = summarise(out, config, state.elapsed_seconds)

@@ -1,0 +1,364 @@
+"""Run a sweep with Ray Tune; every trial is an ordinary hfl run folder.
+
+Layout of a sweep folder OUT:
+
+    OUT/sweep.yaml          the validated sweep (a resumed sweep must match it)
+    OUT/trials/<trial_id>/  one hfl run per trial: metrics.jsonl, summary.json, config.yaml, checkpoint.pt
+    OUT/tune/               Ray Tune's storage: experiment state, per-trial results and checkpoints
+    OUT/results.csv         one row per trial
+    OUT/best_config.yaml    the full config of the best trial, runnable with `hfl run`
+
+A trial reports every round to Tune and attaches a Tune checkpoint (hfl's checkpoint.pt,
+metrics.jsonl and config.yaml) whenever hfl has written one; a restored trial copies those files
+back into its run folder and continues with `run_experiment(..., resume=True)`, which ends with the
+same numbers as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hfl.checkpoint import CHECKPOINT
+from hfl.config import ExperimentConfig, config_from_dict, dump_config, flatten
+from hfl.errors import ConfigError
+from hfl.loggers import METRICS, read_metrics
+from hfl.tune.space import Sweep, load_sweep, trial_values
+
+log = logging.getLogger(__name__)
+TUNE_DIR, TRIALS_DIR = "tune", "trials"
+SWEEP_FILE, RESULTS_FILE, BEST_CONFIG_FILE = "sweep.yaml", "results.csv", "best_config.yaml"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """What a sweep produced."""
+
+    out: Path
+    """The sweep folder."""
+    best_config: dict[str, Any] | None
+    """The full hfl config of the best trial (None when no trial reported a metric)."""
+    best_metric: float | None
+    """The best trial's final value of `metric`."""
+    results: list[dict[str, Any]]
+    """One row per trial, as in results.csv."""
+    metric: str = "accuracy"
+    mode: str = "max"
+    best_trial: str | None = None
+    """Trial id of the best trial."""
+
+    @property
+    def incomplete(self) -> list[str]:
+        """Trials that failed or were interrupted: a resumed sweep continues them."""
+        return [row["trial_id"] for row in self.results if row["status"] in ("error", "unfinished")]
+
+
+# -- inside a trial -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial needs, shipped to the Ray workers with the trainable."""
+
+    base: dict[str, Any]
+    """The sweep's resolved base config dict."""
+    trials_dir: str
+    """Absolute folder holding the trials' run folders."""
+    group: str
+    """The sweep's name: the wandb group of every trial."""
+
+
+def trial_config(setup: TrialSetup, params: Mapping[str, Any], trial_id: str) -> ExperimentConfig:
+    """Base config + the trial's sampled values, named after the trial and grouped under the sweep."""
+    values = trial_values(setup.base, params)
+    values["name"] = f"{values['name']}-{trial_id}"
+    if values["logging"]["wandb"]:
+        values["logging"]["wandb_group"] = setup.group
+    return config_from_dict(values)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    # checkpoint.pt is replaced by rename, never rewritten in place, so a hard link is a stable snapshot.
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+class TuneReporter:
+    """Round callback that reports every round to Ray Tune, with hfl's checkpoint on checkpoint rounds.
+
+    hfl writes a round's checkpoint before it calls the callbacks, so the checkpoint handed to Tune
+    is that round's. Rounds without evaluation carry the last accuracy and loss; rounds before the
+    first evaluation are not reported (Tune requires the metric in every result).
+    """
+
+    def __init__(self, config: ExperimentConfig, run_dir: Path) -> None:
+        self.config, self.run_dir = config, run_dir
+        evaluated = [r for r in read_metrics(run_dir) if r.get("accuracy") is not None]  # a restored trial's past
+        self.scores = {"accuracy": evaluated[-1]["accuracy"], "loss": evaluated[-1]["loss"]} if evaluated else None
+
+    def on_round(self, record: dict[str, Any]) -> None:
+        from ray import tune
+
+        if record["accuracy"] is not None:
+            self.scores = {"accuracy": record["accuracy"], "loss": record["loss"]}
+        if self.scores is None:
+            return
+        r, fl = record["round"], self.config.fl
+        metrics = {"round": r, **self.scores, "wall_seconds": record["wall_seconds"], "evaluated": record["accuracy"] is not None}
+        if not (r % fl.checkpoint_every == 0 or r == fl.rounds):
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="hfl-tune-") as folder:
+            snapshot = Path(folder)
+            _link_or_copy(self.run_dir / CHECKPOINT, snapshot / CHECKPOINT)
+            shutil.copy2(self.run_dir / CONFIG_FILE, snapshot / CONFIG_FILE)
+            shutil.copy2(self.run_dir / METRICS, snapshot / METRICS)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        pass
+
+
+def _restore_into(run_dir: Path) -> bool:
+    """Copy the trial's latest Tune checkpoint into its run folder; whether there is a run to resume."""
+    from ray import tune
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return False
+    # Tune's copy wins over whatever the run folder holds: it is the state Tune's records end at
+    # (the folder may be a round ahead, or on another node).
+    with checkpoint.as_directory() as folder:
+        for name in (CHECKPOINT, METRICS, CONFIG_FILE):
+            shutil.copy2(Path(folder) / name, run_dir / name)
+    return True
+
+
+def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
+    """One Tune trial: an hfl run in TRIALS_DIR/<trial_id>, reporting each round."""
+    from ray import tune
+
+    from hfl.server import run_experiment
+
+    trial_id = tune.get_context().get_trial_id()
+    config = trial_config(setup, params, trial_id)
+    run_dir = Path(setup.trials_dir) / trial_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume = _restore_into(run_dir)
+    log.info("trial %s: %s in %s%s", trial_id, params, run_dir, " (resumed)" if resume else "")
+    run_experiment(config, run_dir, resume=resume, callbacks=[TuneReporter(config, run_dir)])
+
+
+def make_trainable(setup: TrialSetup) -> Callable[[dict[str, Any]], None]:
+    def hfl_trial(params: dict[str, Any]) -> None:
+        run_trial(setup, params)
+
+    return hfl_trial
+
+
+def trial_dirname(trial: Any) -> str:
+    """Tune's folder of a trial is its id, as is its hfl run folder."""
+    return str(trial.trial_id)
+
+
+# -- the driver -----------------------------------------------------------------------------------
+def _sweep_folder(sweep: Sweep, out: str | None, resume: bool) -> Path:
+    if resume:
+        if out is None:
+            raise ConfigError("out", None, "the folder of the sweep to resume (--out DIR)")
+        folder = Path(out).resolve()
+        if not (folder / SWEEP_FILE).is_file() or not (folder / TUNE_DIR).is_dir():
+            raise ConfigError("out", out, f"a sweep folder holding {SWEEP_FILE} and {TUNE_DIR}/ (none found there)")
+        saved = flatten(yaml.safe_load((folder / SWEEP_FILE).read_text()))
+        now = flatten(yaml.safe_load(yaml.safe_dump(sweep.to_dict())))
+        changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        if changed:
+            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
+            raise ConfigError("--resume", out, f"the same sweep and overrides as the sweep being resumed (differs in {shown})")
+        return folder
+    folder = Path(out or f"runs/tune-{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if (folder / TUNE_DIR).exists():
+        raise ConfigError("out", out, "a folder without a sweep in it (continue that one with --resume)")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SWEEP_FILE).write_text(yaml.safe_dump(sweep.to_dict(), sort_keys=False))
+    return folder
+
+
+def _tuner(sweep: Sweep, folder: Path, trainable: Any, resume: bool) -> Any:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    if resume:
+        return tune.Tuner.restore(str(folder / TUNE_DIR), trainable, resume_errored=True)
+    s = sweep.scheduler
+    scheduler = (
+        ASHAScheduler(time_attr="round", max_t=sweep.max_rounds, grace_period=s.grace_period, reduction_factor=s.reduction_factor)
+        if s.name == "asha"
+        else FIFOScheduler()
+    )
+    return tune.Tuner(
+        trainable,
+        param_space={path: domain.to_tune() for path, domain in sweep.space.items()},
+        tune_config=tune.TuneConfig(
+            metric=sweep.metric,
+            mode=sweep.mode,
+            num_samples=sweep.num_samples,
+            scheduler=scheduler,
+            # Seeded from the experiment so a sweep samples the same points every time.
+            search_alg=BasicVariantGenerator(max_concurrent=sweep.max_concurrent_trials, random_state=int(sweep.base["seed"])),
+            trial_dirname_creator=trial_dirname,
+            reuse_actors=True,  # a fresh worker per trial re-imports torch: ~10 s each on 2 cores
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=str(folder),
+            verbose=0,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+
+
+def _status(tune_status: str, rounds_done: int, rounds: int) -> str:
+    if tune_status == "ERROR":
+        return "error"
+    if tune_status == "TERMINATED":
+        return "completed" if rounds_done >= rounds else "stopped"  # stopped early by the scheduler
+    return "unfinished"  # interrupted sweep: continue it with resume
+
+
+def _results(sweep: Sweep, folder: Path, setup: TrialSetup) -> list[dict[str, Any]]:
+    from ray.tune import ExperimentAnalysis
+
+    analysis = ExperimentAnalysis(str(folder / TUNE_DIR), default_metric=sweep.metric, default_mode=sweep.mode)
+    frames = analysis.trial_dataframes
+    rows = []
+    for trial in sorted(analysis.trials, key=lambda t: t.trial_id):
+        params = {path: trial.config.get(path) for path in sweep.space}
+        frame = frames.get(trial.trial_id)
+        final = best = None
+        rounds_done = 0
+        if frame is not None and not frame.empty and sweep.metric in frame:
+            # After a hard kill a restored trial re-reports the rounds after its last checkpoint.
+            frame = frame.drop_duplicates("round", keep="last").sort_values("round")
+            values = frame[sweep.metric]
+            final = float(values.iloc[-1])
+            best = float(values.max() if sweep.mode == "max" else values.min())
+            rounds_done = int(frame["round"].iloc[-1])
+        rounds = int(trial_values(setup.base, params)["fl"]["rounds"])
+        rows.append({
+            "trial_id": trial.trial_id,
+            **params,
+            sweep.metric: final,
+            f"best_{sweep.metric}": best,
+            "rounds": rounds_done,
+            "status": _status(trial.status, rounds_done, rounds),
+            "run_dir": str(Path(setup.trials_dir) / trial.trial_id),
+        })
+        if trial.status == "ERROR":
+            error_file = Path(trial.path) / "error.txt"
+            lines = error_file.read_text().strip().splitlines() if error_file.is_file() else ["(no error.txt)"]
+            log.warning("trial %s failed: %s (traceback in %s)", trial.trial_id, lines[-1], error_file)
+    return rows
+
+
+def _write_results(folder: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        (folder / RESULTS_FILE).write_text("")
+        return
+    with open(folder / RESULTS_FILE, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _start_ray() -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return False
+    # Joins the cluster in RAY_ADDRESS (set by `ray job submit`) or one started here by `ray start`;
+    # with neither, starts a local one. Trial output stays in the trials' folders.
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = None, resume: bool = False) -> TuneOutcome:
+    """Run the sweep in `space_file` (or continue the interrupted one in `out`); see the module docstring.
+
+    `overrides` (`key=value`) apply to the base experiment after the sweep file's own overrides.
+    """
+    sweep = load_sweep(space_file, overrides)
+    folder = _sweep_folder(sweep, out, resume)
+    setup = TrialSetup(sweep.base, str(folder / TRIALS_DIR), group=folder.name)
+    # Keep Ray Tune off the console (the CLI prints the results table): its new output engine prints
+    # an experiment banner even at verbose=0, and every forced state snapshot (Tune forces one when a
+    # trial has checkpointed num_to_keep times, i.e. every other round here) warns once it is frequent.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    started = _start_ray()
+    try:
+        from ray import tune
+
+        trainable = tune.with_resources(make_trainable(setup), dict(sweep.resources_per_trial))
+        _tuner(sweep, folder, trainable, resume).fit()
+        rows = _results(sweep, folder, setup)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+    _write_results(folder, rows)
+    scored = [r for r in rows if r[sweep.metric] is not None]
+    pick = max if sweep.mode == "max" else min
+    best = pick(scored, key=lambda r: r[sweep.metric]) if scored else None
+    best_config = None
+    if best is not None:
+        config = trial_config(setup, {p: best[p] for p in sweep.space}, best["trial_id"])
+        dump_config(config, folder / BEST_CONFIG_FILE)
+        best_config = config.to_dict()
+    return TuneOutcome(
+        folder, best_config, best[sweep.metric] if best else None, rows, sweep.metric, sweep.mode, best["trial_id"] if best else None
+    )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def format_results(outcome: TuneOutcome) -> str:
+    """A plain-text table of the trials, then the best trial and where the files are."""
+    if not outcome.results:
+        return f"no trials ran; sweep folder {outcome.out}"
+    headers = list(outcome.results[0])
+    cells = [headers]
+    for row in outcome.results:
+        shown = dict(row, run_dir=os.path.relpath(row["run_dir"], outcome.out))
+        cells.append([_cell(shown[h]) for h in headers])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if outcome.best_trial is not None:
+        lines.append(f"\nbest: {outcome.best_trial}  {outcome.metric}={_cell(outcome.best_metric)} ({outcome.mode})")
+        lines.append(f"config: {outcome.out / BEST_CONFIG_FILE}   (hfl run {outcome.out / BEST_CONFIG_FILE})")
+    else:
+        lines.append(f"\nno trial reported {outcome.metric}")
+    lines.append(f"results: {outcome.out / RESULTS_FILE}")
+    if outcome.incomplete:
+        lines.append(f"{len(outcome.incomplete)} trial(s) did not finish ({', '.join(outcome.incomplete)}); "
+                     f"continue the sweep with --resume --out {outcome.out}")
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""`hfl tune`: sweep-file validation (fast, no Ray), a small sweep end to end, and resuming an interrupted one."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hfl.config import load_config
+from hfl.errors import ConfigError
+from hfl.loggers import read_metrics
+from hfl.tune import format_results, load_sweep, run_tune
+from hfl.tune.runner import TrialSetup, trial_config
+from tests.conftest import ROOT, cli_env
+
+TINY = {
+    "name": "tiny",
+    "data": {"name": "digits", "partition": "dirichlet", "alpha": 0.5},
+    "model": {"name": "cnn"},
+    "method": {"name": "fedavg"},
+    "fl": {"rounds": 4, "clients": 6, "fraction": 0.5, "local_epochs": 1, "batch_size": 32, "lr": 0.05, "momentum": 0.9},
+    "backend": {"device": "cpu"},
+}
+SPACE = {"fl.lr": {"grid": [0.02, 0.1]}, "data.alpha": {"grid": [0.3, 1.0]}}
+
+
+def write_sweep(folder: Path, space: dict = SPACE, **sweep) -> Path:
+    """A sweep file over the tiny experiment, both written into `folder`."""
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"experiment": "tiny.yaml", "space": space, **sweep}))
+    return path
+
+
+def scores(run_dir: str) -> list:
+    return [(r["round"], r["accuracy"], r["loss"], [c["train_loss"] for c in r["clients"]]) for r in read_metrics(Path(run_dir))]
+
+
+def reported_rounds(result_json: Path) -> list[int]:
+    """Rounds Tune recorded for a trial, in order."""
+    text = result_json.read_text() if result_json.is_file() else ""
+    return [json.loads(line)["round"] for line in text.splitlines() if line.strip()]
+
+
+def by_params(outcome) -> dict:
+    return {(row["fl.lr"], row["data.alpha"]): row for row in outcome.results}
+
+
+# -- the sweep file, no Ray -------------------------------------------------------------------------
+def test_shipped_sweeps_load():
+    quick = load_sweep(ROOT / "tune_spaces" / "quickstart.yaml")
+    assert list(quick.space) == ["fl.lr", "data.alpha"] and quick.metric == "accuracy" and quick.mode == "max"
+    assert len(quick.space["fl.lr"].values) * len(quick.space["data.alpha"].values) * quick.num_samples == 4
+    prox = load_sweep(ROOT / "tune_spaces" / "fedprox_alpha.yaml")
+    assert prox.base["method"]["name"] == "fedprox" and prox.trial_config({"method.mu": 0.1}).method.mu == 0.1
+
+
+def test_sweep_defaults_and_overrides(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, overrides=["fl.rounds=3"]), ["fl.clients=8"])
+    assert (sweep.base["fl"]["rounds"], sweep.base["fl"]["clients"]) == (3, 8)
+    assert (sweep.metric, sweep.mode, sweep.num_samples, sweep.max_concurrent_trials) == ("accuracy", "max", 1, 1)
+    assert sweep.scheduler.name == "fifo" and sweep.resources_per_trial == {"cpu": 1.0, "gpu": 0.0}
+    assert load_sweep(write_sweep(tmp_path, metric="loss")).mode == "min"
+    config = sweep.trial_config({"fl.lr": 0.3, "data.alpha": 2.0})
+    assert (config.fl.lr, config.data.alpha, config.fl.rounds) == (0.3, 2.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("space", "field", "value", "allowed"),
+    [
+        ({"method.muu": {"grid": [0.1]}}, "space.method.muu", 0.1, "a field of method"),
+        ({"optim.lr": {"grid": [0.1]}}, "space.optim.lr", 0.1, "a field of the config"),
+        ({"fl.lr.x": {"grid": [0.1]}}, "space.fl.lr.x", 0.1, "lr is a value"),
+        ({"data.alpha": {"grid": [0.5, -1]}}, "space.data.alpha", -1, "a number > 0"),
+        ({"fl.rounds": {"uniform": [1, 5]}}, "space.fl.rounds", 1.0, "an integer"),
+        ({"fl.lr": {"normal": [0, 1]}}, "space.fl.lr", {"normal": [0, 1]}, "{grid: [..]}"),
+        ({"fl.lr": [0.1, 0.2]}, "space.fl.lr", [0.1, 0.2], "{grid: [..]}"),
+        ({"fl.lr": {"grid": []}}, "space.fl.lr", {"grid": []}, "at least one value"),
+        ({"fl.lr": {"uniform": [0.5, 0.1]}}, "space.fl.lr", {"uniform": [0.5, 0.1]}, "lo < hi"),
+        ({"fl.lr": {"loguniform": [0, 0.1]}}, "space.fl.lr", {"loguniform": [0, 0.1]}, "0 < lo < hi"),
+    ],
+)
+def test_bad_space_names_the_path(tmp_path, space, field, value, allowed):
+    with pytest.raises(ConfigError) as error:
+        load_sweep(write_sweep(tmp_path, space))
+    assert error.value.field == field and error.value.value == value and allowed in error.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "allowed"),
+    [
+        ({"spaec": 1}, "spaec", "a key of a sweep file"),
+        ({"metric": "f1"}, "metric", "accuracy, loss"),
+        ({"mode": "best"}, "mode", "max, min"),
+        ({"num_samples": 0}, "num_samples", "an integer >= 1"),
+        ({"scheduler": "hyperband"}, "scheduler", "fifo, asha"),
+        ({"scheduler": {"name": "asha", "grace": 2}}, "scheduler.grace", "grace_period"),
+        ({"scheduler": {"name": "asha", "reduction_factor": 1}}, "scheduler.reduction_factor", "> 1"),
+        ({"max_concurrent_trials": "two"}, "max_concurrent_trials", "an integer >= 1"),
+        ({"resources_per_trial": {"tpu": 1}}, "resources_per_trial.tpu", "cpu, gpu"),
+        ({"overrides": ["fl.rounds=0"]}, "fl.rounds", "an integer >= 1"),
+        ({"experiment": "missing.yaml"}, "experiment", "an experiment YAML"),
+    ],
+)
+def test_bad_sweep_key_names_the_field(tmp_path, extra, field, allowed):
+    with pytest.raises(ConfigError) as error:
+        load_sweep(write_sweep(tmp_path, **extra))
+    assert error.value.field == field and allowed in error.value.allowed
+
+
+def test_resume_needs_an_existing_sweep_folder(tmp_path):
+    path = write_sweep(tmp_path)
+    with pytest.raises(ConfigError, match="out"):
+        run_tune(str(path), resume=True)
+    with pytest.raises(ConfigError, match="sweep folder"):
+        run_tune(str(path), out=str(tmp_path / "nothing"), resume=True)
+
+
+def test_resume_refuses_a_changed_sweep_and_a_fresh_run_an_old_folder(tmp_path):
+    path, out = write_sweep(tmp_path), tmp_path / "out"
+    (out / "tune").mkdir(parents=True)
+    (out / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_dict()))
+    with pytest.raises(ConfigError) as error:
+        run_tune(str(path), ["fl.rounds=2"], out=str(out), resume=True)
+    assert error.value.field == "--resume" and "base.fl.rounds: 4 -> 2" in error.value.allowed
+    with pytest.raises(ConfigError, match="continue that one with --resume"):
+        run_tune(str(path), out=str(out))
+
+
+def test_trials_log_to_wandb_grouped_by_sweep(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, overrides=["logging.wandb=true"]))
+    setup = TrialSetup(sweep.base, str(tmp_path / "trials"), group="tune-sweep-1")
+    config = trial_config(setup, {"fl.lr": 0.1, "data.alpha": 1.0}, "abc_00001")
+    assert config.logging.wandb_group == "tune-sweep-1" and config.logging.wandb_mode == "offline"
+    assert config.name == "tiny-abc_00001" and config.fl.lr == 0.1
+    plain = load_sweep(write_sweep(tmp_path))
+    assert trial_config(TrialSetup(plain.base, "", "g"), {}, "x").logging.wandb_group == ""
+
+
+# -- with Ray -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_address():
+    """One local Ray for the module (starting one takes ~10 s on 2 cores); sweeps join it."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def finished(ray_address, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep")
+    return run_tune(str(write_sweep(folder)), out=str(folder / "out"))
+
+
+@pytest.mark.slow
+def test_sweep_writes_results_and_best_config(finished):
+    out = finished.out
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(finished.results) == 4
+    assert {(float(r["fl.lr"]), float(r["data.alpha"])) for r in rows} == {(a, b) for a in (0.02, 0.1) for b in (0.3, 1.0)}
+    assert all(r["status"] == "completed" and r["rounds"] == "4" for r in rows)
+    assert finished.best_metric == max(r["accuracy"] for r in finished.results)
+    best = next(r for r in finished.results if r["trial_id"] == finished.best_trial)
+    assert best["accuracy"] == finished.best_metric
+    config = load_config(out / "best_config.yaml")
+    assert config.to_dict() == finished.best_config
+    assert (config.fl.lr, config.data.alpha) == (best["fl.lr"], best["data.alpha"])
+    for row in finished.results:  # every trial is an ordinary hfl run folder
+        run = Path(row["run_dir"])
+        records = read_metrics(run)
+        assert [r["round"] for r in records] == [1, 2, 3, 4] and records[-1]["accuracy"] == row["accuracy"]
+        assert json.loads((run / "summary.json").read_text())["final_accuracy"] == row["accuracy"]
+        assert load_config(run / "config.yaml").fl.lr == row["fl.lr"]
+    text = format_results(finished)
+    assert finished.best_trial in text and "best_config.yaml" in text and len(text.splitlines()) >= 6
+
+
+@pytest.mark.slow
+def test_asha_sweep_minimising_loss(ray_address, tmp_path):
+    space = {"fl.lr": {"grid": [0.02, 0.1]}, "fl.momentum": {"choice": [0.0, 0.9]}}
+    path = write_sweep(tmp_path, space, num_samples=2, metric="loss", scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2})
+    outcome = run_tune(str(path), ["fl.rounds=3"], out=str(tmp_path / "out"))
+    assert outcome.mode == "min" and len(outcome.results) == 4
+    assert outcome.best_metric == min(r["loss"] for r in outcome.results)
+    for row in outcome.results:  # ASHA may stop weak trials after a round; the others run to the end
+        assert (row["status"], row["rounds"]) == ("completed", 3) or (row["status"] == "stopped" and 1 <= row["rounds"] < 3)
+        assert row["best_loss"] <= row["loss"]
+
+
+INTERRUPTIBLE = """
+import json, sys
+from hfl.tune import run_tune
+outcome = run_tune(sys.argv[1], out=sys.argv[2])
+print(json.dumps([row["status"] for row in outcome.results]))
+"""
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tmp_path):
+    sweep, out = write_sweep(tmp_path), tmp_path / "out"
+    # Ctrl-C the sweep once Tune holds the first trial's first round (and its checkpoint): Tune stops
+    # the trials and saves its state, as after a Ctrl-C on `hfl tune`.
+    env = dict(cli_env(), RAY_ADDRESS=ray_address)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), str(out)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(reported_rounds(path) for path in (out / "tune").glob("*/result.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    statuses = json.loads(stdout.strip().splitlines()[-1])
+    assert "unfinished" in statuses  # trials not yet generated are not listed
+
+    resumed = run_tune(str(sweep), out=str(out), resume=True)
+
+    assert [r["status"] for r in resumed.results] == ["completed"] * 4
+    for key, row in by_params(resumed).items():
+        reference = by_params(finished)[key]
+        assert scores(row["run_dir"]) == scores(reference["run_dir"])
+        assert (row["accuracy"], row["best_accuracy"], row["rounds"]) == (reference["accuracy"], reference["best_accuracy"], 4)
+        # Tune saw every round once: the interrupted trial went on from its checkpoint (a restart
+        # from scratch would have reported round 1 twice).
+        assert reported_rounds(out / "tune" / row["trial_id"] / "result.json") == [1, 2, 3, 4]
+    assert resumed.best_metric == finished.best_metric
