@@ -38,10 +38,10 @@ def child_plain() -> dict:
     sys.path.insert(0, str(HERE))
     import torch
 
-    from throughput import run_plain
+    from plain_fedavg import run_plain
 
     torch.set_num_threads(1)
-    seconds, accuracy, rounds = run_plain(per_round=True)
+    _, accuracy, rounds = run_plain()
     return {"accuracy": accuracy, "steady_round": statistics.median(rounds[2:])}
 
 
