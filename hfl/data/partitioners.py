@@ -267,6 +267,7 @@ def save_label_heatmap(histogram: np.ndarray, path: str, title: str = "") -> Non
     # and it works in worker processes without a display.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     histogram = np.asarray(histogram)
     num_clients, num_classes = histogram.shape
@@ -277,6 +278,8 @@ def save_label_heatmap(histogram: np.ndarray, path: str, title: str = "") -> Non
     fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # clients and classes are whole numbers
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         ax.set_title(title)
     fig.tight_layout()
