@@ -161,6 +161,15 @@ def command_tune(args: argparse.Namespace) -> int:
     return 1 if outcome.incomplete else 0
 
 
+def command_report(args: argparse.Namespace) -> int:
+    from hfl.report import write_report
+
+    report = write_report(args.runs, args.out)
+    print(report.read_text().split("\n![")[0].rstrip())
+    print(f"\nreport: {report}  plots: {report.parent}/accuracy_by_round.png, {report.parent}/accuracy_by_memory.png")
+    return 0
+
+
 def command_methods(args: argparse.Namespace) -> int:
     import hfl  # noqa: F401  (fills the registries)
     from hfl.registry import METHODS
@@ -202,6 +211,10 @@ def parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", help="sweep folder (default runs/tune-NAME-TIMESTAMP); with --resume, the sweep to continue")
     tune.add_argument("--resume", action="store_true", help="continue the interrupted sweep in --out")
     tune.set_defaults(func=command_tune)
+    report = sub.add_parser("report", help="compare finished runs: a Markdown table and PNG plots")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    report.add_argument("--out", default="report", help="folder for report.md and the plots (default ./report)")
+    report.set_defaults(func=command_report)
     methods = sub.add_parser("methods", help="list registered methods with their papers")
     methods.set_defaults(func=command_methods)
     return p
