@@ -65,9 +65,11 @@ class ClientBatches:
 class ClientModule(L.LightningModule):
     """Trains one client's sub-model with its method's objective."""
 
-    def __init__(self, model: nn.Module, method: Method, task: ClientTask) -> None:
+    def __init__(self, model: nn.Module, method: Method, task: ClientTask, classes: Tensor | None = None) -> None:
         super().__init__()
         self.model, self.method, self.task = model, method, task
+        self.classes = classes
+        """The labels present in this client's data (for objectives that mask the others)."""
         self.masks = {k: m.to(self.device_of_model()) for k, m in task.spec.masks.items()}
         self.initial = (
             {n: p.detach().clone() for n, p in self.trainable_parameters()} if method.keeps_initial_weights else {}
@@ -143,6 +145,7 @@ def train_client(
     global_state: StateDict,
     batches: ClientBatches,
     driver: str = "fast",
+    classes: Tensor | None = None,
 ) -> ClientUpdate:
     """Load the client's sub-model from the global state, train it, and return what it sends back."""
     start = time.perf_counter()
@@ -151,7 +154,7 @@ def train_client(
     model.load_state_dict(received, strict=True)
     for name, param in model.named_parameters():
         param.requires_grad_(name not in spec.frozen)
-    module = ClientModule(model, method, task)
+    module = ClientModule(model, method, task, classes)
     device = module.device_of_model()
     if device.type == "cuda":  # measure this client's training alone, beside the resident weights
         torch.cuda.synchronize(device)

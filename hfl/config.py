@@ -68,13 +68,14 @@ class ModelConfig:
     """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
-    norm: str = "bn"
-    """Normalisation: bn (running statistics) or static_bn (batch statistics only, as in HeteroFL)."""
+    norm: str = "auto"
+    """Normalisation: bn (running statistics), static_bn (batch statistics only, as in HeteroFL), or
+    auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
-        check_choice("norm", self.norm, ("bn", "static_bn"))
+        check_choice("norm", self.norm, ("auto", "bn", "static_bn"))
 
 
 @dataclass(frozen=True)

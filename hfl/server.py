@@ -11,15 +11,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hfl.accounting.budgets import assign_budgets
 from hfl.backends import ClientEnvironment
 from hfl.backends.base import build_model_for
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
+from hfl.evaluation import Evaluator
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
-from hfl.models import ScalableModel
 from hfl.registry import BACKENDS
 from hfl.seeding import derive_seed
 from hfl.types import RoundContext, StateDict, TrainSettings
@@ -39,20 +38,6 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
 
 def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
     return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
-
-
-@torch.no_grad()
-def evaluate(model: ScalableModel, state: StateDict, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of `state` loaded into `model` on normalised inputs `x`."""
-    model.load_state_dict(state)
-    model.eval()
-    correct, loss = 0, 0.0
-    for start in range(0, len(y), 1024):
-        logits = model(x[start : start + 1024])
-        target = y[start : start + 1024]
-        loss += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(1) == target).sum())
-    return {"accuracy": correct / len(y), "loss": loss / len(y)}
 
 
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
@@ -109,12 +94,15 @@ def resource_summary(clients: list[dict[str, Any]]) -> dict[str, Any]:
 def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[str, Any]:
     records = read_metrics(out_dir)
     evaluated = [r for r in records if r.get("accuracy") is not None]
+    submodels = evaluated[-1].get("submodel_accuracy") if evaluated else None
     return {
         "name": config.name,
         "method": config.method.name,
         "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
         "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
         "final_loss": evaluated[-1]["loss"] if evaluated else None,
+        **({"worst_submodel_accuracy": min(submodels.values()), "mean_submodel_accuracy": _mean(list(submodels.values())),
+            "submodel_accuracy": submodels} if submodels else {}),
         "rounds": config.fl.rounds,
         "wall_seconds": elapsed,
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
@@ -142,7 +130,7 @@ def run_experiment(
     if config.logging.wandb:
         sinks.append(WandbLogger(config, out, resume))
     sinks.extend(callbacks)
-    eval_model = build_model_for(config, env.data).to(env.device)
+    evaluate = Evaluator(env)
     _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
 
     try:
@@ -162,9 +150,14 @@ def run_experiment(
             state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
             # 5. evaluation of the global model
             last = r == fl.rounds
-            scores = {"accuracy": None, "loss": None}
+            scores: dict[str, Any] = {"accuracy": None, "loss": None}
             if r % fl.eval_every == 0 or last:
-                scores = evaluate(eval_model, state.global_state, env.test_x, env.test_y)
+                scores = evaluate(state.global_state)
+                submodels = method.submodels(state.method_state)
+                if submodels:
+                    scores["submodel_accuracy"] = {
+                        name: evaluate(state.global_state, spec)["accuracy"] for name, spec in submodels.items()
+                    }
             # 6. log and checkpoint
             seconds = time.perf_counter() - started
             state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds

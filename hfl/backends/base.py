@@ -15,6 +15,7 @@ from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.methods import Method, build_method
 from hfl.models import ScalableModel, build_model
+from hfl.registry import METHODS
 from hfl.seeding import derive_seed
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
@@ -77,23 +78,24 @@ class ClientEnvironment:
         train_x = data.train_x.to(device)
         if augment == "none":  # normalise once instead of every batch of every round
             train_x = transform(train_x, train=False)
+        accountant = Accountant(
+            build=lambda width: build_model_for(config, data, width),
+            input_shape=tuple(data.train_x.shape[1:]),
+            num_classes=data.num_classes,
+            optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
+        )
         return cls(
             config=config,
             data=data,
             partitions=[torch.as_tensor(p, dtype=torch.long) for p in parts],
             transform=None if augment == "none" else transform,
-            method=build_method(config.method, build_model_for(config, data)),
+            method=build_method(config.method, build_model_for(config, data), accountant),
             device=device,
             train_x=train_x,
             train_y=data.train_y.to(device),
             test_x=transform(data.test_x.to(device), train=False),
             test_y=data.test_y.to(device),
-            accountant=Accountant(
-                build=lambda width: build_model_for(config, data, width),
-                input_shape=tuple(data.train_x.shape[1:]),
-                num_classes=data.num_classes,
-                optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
-            ),
+            accountant=accountant,
         )
 
     def model(self, width: float | None, dropped_blocks: frozenset[int]) -> ScalableModel:
@@ -117,7 +119,8 @@ class ClientEnvironment:
             ctx.generator(SHUFFLE_STREAM),
         )
         model = self.model(task.spec.width, task.spec.dropped_blocks)
-        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer)
+        classes = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
+        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes)
         update.metrics.update(self.cost_metrics(task))
         return update
 
@@ -137,7 +140,17 @@ class ClientEnvironment:
         }
 
 
-def build_model_for(config: ExperimentConfig, data: ImageDataset, width: float | None = None) -> ScalableModel:
-    """The experiment's model for `data`, at `width` (default: the global model's width)."""
+def model_norm(config: ExperimentConfig) -> str:
+    """`model.norm`, with auto resolved to the method's preferred kind."""
+    if config.model.norm == "auto":
+        return METHODS.get(config.method.name, field="method.name").preferred_norm
+    return config.model.norm
+
+
+def build_model_for(
+    config: ExperimentConfig, data: ImageDataset, width: float | None = None, norm: str | None = None
+) -> ScalableModel:
+    """The experiment's model for `data`, at `width` and `norm` (default: the global model's)."""
     m = config.model
-    return build_model(m.name, data.in_channels, data.num_classes, m.width if width is None else width, m.norm)
+    width = m.width if width is None else width
+    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config))

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
+from hfl.accounting.accountant import Accountant
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
-from hfl.submodel.spec import full_spec
+from hfl.submodel.spec import SubmodelSpec, full_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 if TYPE_CHECKING:
@@ -34,10 +35,13 @@ class Method:
     paper: ClassVar[str] = ""
     keeps_initial_weights: ClassVar[bool] = False
     """True when the objective needs the weights the client started the round with."""
+    preferred_norm: ClassVar[str] = "bn"
+    """The batch-norm kind `model.norm=auto` builds the model with."""
 
-    def __init__(self, config: MethodConfig, model: ScalableModel) -> None:
+    def __init__(self, config: MethodConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         self.config = config
         self.model = model  # the global model's structure; methods read it, never train it
+        self.accountant = accountant  # what a sub-model costs to train, for fitting budgets
 
     def init_state(self) -> MethodState:
         """Server-side method state (masks, step sizes, ...), checkpointed with the model."""
@@ -54,3 +58,8 @@ class Method:
         self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
     ) -> tuple[StateDict, MethodState]:
         return masked_weighted_mean(global_state, updates), state
+
+    def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
+        """The sub-models this method defines, by name, each evaluated every evaluation round
+        (worst and mean go to the summary); none for methods that train one model."""
+        return {}
