@@ -340,17 +340,24 @@ def apply_overrides(values: dict[str, Any], overrides: typing.Sequence[str]) -> 
     return values
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
-    """Read a YAML experiment file and apply dotted overrides."""
-    path = Path(path)
+def read_yaml_mapping(path: Path, field: str, what: str) -> dict[str, Any]:
+    """The mapping in YAML file `path`; a missing file, bad YAML or a non-mapping is a ConfigError
+    naming `field` (what the file is for) and describing `what` it should hold."""
     if not path.is_file():
-        raise ConfigError("config", str(path), "a path to an existing YAML file")
+        raise ConfigError(field, str(path), f"a path to an existing YAML file ({what})")
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        raise ConfigError("config", str(path), f"valid YAML ({error})") from None
+        raise ConfigError(field, str(path), f"valid YAML ({error})") from None
     if not isinstance(values, dict):
-        raise ConfigError("config", str(path), "a YAML mapping of sections")
+        raise ConfigError(field, str(path), f"a YAML mapping ({what})")
+    return values
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment file and apply dotted overrides."""
+    path = Path(path)
+    values = read_yaml_mapping(path, "config", "an experiment: data, model, method, fl, ... sections")
     values.setdefault("name", path.stem)
     return config_from_dict(apply_overrides(values, overrides))
 

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hfl.config import ExperimentConfig, check, check_choice, config_from_dict, load_config
+from hfl.config import ExperimentConfig, check, check_choice, config_from_dict, load_config, read_yaml_mapping
 from hfl.errors import ConfigError
 
 DOMAINS = ("grid", "choice", "uniform", "loguniform")
@@ -227,13 +225,7 @@ def _positive_int(name: str, value: Any) -> int:
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
     """Read and validate a sweep file; `overrides` apply to the base experiment after the file's own."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError("sweep", str(file), "a path to an existing sweep YAML file")
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError("sweep", str(file), f"valid YAML ({error})") from None
-    check(isinstance(raw, dict), "sweep", str(file), "a YAML mapping with experiment, space, ...")
+    raw = read_yaml_mapping(file, "sweep", "a sweep: experiment, space, metric, ...")
     for key in raw:
         check(key in SWEEP_KEYS, str(key), raw[key], f"a key of a sweep file: {', '.join(SWEEP_KEYS)}")
     check("experiment" in raw, "experiment", None, "the path of the base experiment YAML")
