@@ -63,7 +63,7 @@ def test_cohort_is_a_seeded_fraction():
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    overrides = ["fl.rounds=6", "fl.clients=6", "fl.fraction=1.0", "fl.local_epochs=8", "backend.device=cpu"]
+    overrides = ["fl.rounds=6", "fl.clients=6", "fl.fraction=1.0", "fl.local_epochs=4", "backend.device=cpu"]
     command = [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), *overrides]
     full, killed = tmp_path / "full", tmp_path / "killed"
     subprocess.run([*command, "--out", str(full)], check=True, cwd=ROOT, env=cli_env(), capture_output=True)
