@@ -44,16 +44,19 @@ class RoundProgress:
 
 
 def check_resumable(config: Any, out: Path) -> None:
-    from hfl.checkpoint import has_checkpoint, load_checkpoint
-    from hfl.config import flatten
+    """Refuse to resume `out` with a config that changes what is computed."""
+    import yaml
+
+    from hfl.checkpoint import has_checkpoint
+    from hfl.config import flatten, read_yaml_mapping
     from hfl.errors import ConfigError
 
     if not has_checkpoint(out):
         raise ConfigError("--resume", str(out), "a run folder with a checkpoint.pt (none found there)")
-    import torch
-
-    _, saved = load_checkpoint(out, torch.device("cpu"))
-    now, before = flatten(config.to_dict()), flatten(saved)
+    # The run's config.yaml holds what its checkpoint was made with; both sides go through YAML so
+    # that tuples and lists compare equal.
+    saved = read_yaml_mapping(out / "config.yaml", "--resume", "the run's config.yaml")
+    now, before = flatten(yaml.safe_load(yaml.safe_dump(config.to_dict()))), flatten(saved)
     changed = [k for k in sorted(set(now) | set(before)) if now.get(k) != before.get(k) and not k.startswith(RESUMABLE_CHANGES)]
     if changed:
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)

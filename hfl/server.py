@@ -21,7 +21,7 @@ from hfl.evaluation import Evaluator
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.registry import BACKENDS
 from hfl.seeding import derive_seed
-from hfl.types import RoundContext, StateDict, TrainSettings
+from hfl.types import RoundContext, TrainSettings
 
 log = logging.getLogger(__name__)
 COHORT_STREAM, MODEL_STREAM = 2**31 - 2, 2**31 - 3  # seed tags apart from client ids
@@ -124,7 +124,7 @@ def run_experiment(
         log.info("resuming %s after round %d", out, state.round)
     else:
         state = initial_state(config, env)
-        dump_config(config, out / "config.yaml")
+    dump_config(config, out / "config.yaml")  # also on resume: a run may be extended (fl.rounds)
     metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)
     sinks: list[RoundCallback] = []
     if config.logging.wandb:

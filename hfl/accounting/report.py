@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from hfl.accounting.budgets import assign_budgets, parse_width
+from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.backends import ClientEnvironment
 from hfl.config import ExperimentConfig
 
@@ -24,7 +25,8 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
             "channels": dict((g.name, g.size) for g in model.channel_groups())[block.out_group],
             "param_bytes": block_params,
             "activation_bytes": cost.activation_bytes,
-            "block_training_bytes": block_params * (1 + 1 + cost.optimizer_bytes // max(cost.grad_bytes, 1)) + cost.activation_bytes,
+            # The block's weights, their gradients and optimiser state, and its saved activations.
+            "block_training_bytes": block_params * (2 + OPTIMIZER_STATE_COPIES[accountant.optimizer]) + cost.activation_bytes,
             "peak_bytes": cost.peak_bytes,
         })
     widths = []

@@ -13,6 +13,7 @@ from hfl.accounting import Accountant, optimizer_kind
 from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
+from hfl.errors import ConfigError
 from hfl.methods import Method, build_method
 from hfl.models import ScalableModel, build_model
 from hfl.registry import METHODS
@@ -34,8 +35,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from hfl.errors import ConfigError
-
         raise ConfigError("backend.device", name, "cpu or auto: CUDA is not available on this machine")
     return torch.device(name)
 
@@ -58,6 +57,8 @@ class ClientEnvironment:
     test_y: Tensor
     accountant: Accountant
     _models: dict[tuple[float, frozenset[int]], ScalableModel] = field(default_factory=dict)
+    _classes: dict[int, Tensor] = field(default_factory=dict)
+    """The labels present in each client's data."""
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, device: torch.device | None = None) -> ClientEnvironment:
@@ -119,7 +120,9 @@ class ClientEnvironment:
             ctx.generator(SHUFFLE_STREAM),
         )
         model = self.model(task.spec.width, task.spec.dropped_blocks)
-        classes = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
+        if ctx.client_id not in self._classes:  # a partition never changes: once per client
+            self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
+        classes = self._classes[ctx.client_id]
         update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes)
         update.metrics.update(self.cost_metrics(task))
         return update

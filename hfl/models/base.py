@@ -61,7 +61,7 @@ class ScalableModel(nn.Module):
 
     def __init__(self, width: float) -> None:
         super().__init__()
-        if not 0 < width:
+        if width <= 0:
             raise ValueError(f"width must be positive, got {width}")
         self.width = width
         self._couplings: list[tuple[nn.Module, str, int, str]] = []
