@@ -52,6 +52,9 @@ class DataConfig:
     """Training augmentation: auto (the dataset's default), none, flip, crop_flip."""
     test_fraction: float = 0.2
     """Share held out as the test set, for datasets without a fixed split (digits, synthetic)."""
+    server_fraction: float = 0.0
+    """Share of the training set the server keeps, without labels, for methods that distil on the
+    server (FedDF); clients are partitioned from the rest."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS.names())
@@ -60,6 +63,7 @@ class DataConfig:
         check(self.labels_per_client >= 1, "labels_per_client", self.labels_per_client, "an integer >= 1")
         check_choice("augment", self.augment, ("auto", "none", "flip", "crop_flip"))
         check(0 < self.test_fraction < 1, "test_fraction", self.test_fraction, "a number in (0, 1)")
+        check(0 <= self.server_fraction < 1, "server_fraction", self.server_fraction, "a number in [0, 1)")
 
 
 @dataclass(frozen=True)

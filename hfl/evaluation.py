@@ -3,19 +3,23 @@
 Models trained with static batch norm (`model.norm=static_bn`, HeteroFL's sBN) keep no running
 statistics; for evaluation they are recomputed from the training data, the global model's or the
 sub-model's own, as HeteroFL does ("statistics recomputed for evaluation").
+
+A model with early exits is scored at its deepest exit; every exit's accuracy and the accuracy of
+their ensemble (the mean of the exits' softmax outputs, as DepthFL predicts) are reported beside it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.backends.base import ClientEnvironment, build_model_for, model_norm
+from hfl.backends.base import ClientEnvironment, model_norm
 from hfl.models import ScalableModel
-from hfl.submodel.spec import SubmodelSpec, extract
+from hfl.submodel.spec import SubmodelSpec, extract, shape_model
 from hfl.types import StateDict
 
 BATCH = 1024
@@ -27,15 +31,14 @@ class Evaluator:
     def __init__(self, env: ClientEnvironment) -> None:
         self.env = env
         self.static_bn = model_norm(env.config) == "static_bn"
-        self._models: dict[tuple[float, frozenset[int]], ScalableModel] = {}
+        self._models: dict[tuple, ScalableModel] = {}
 
     def _model(self, spec: SubmodelSpec) -> ScalableModel:
         width = self.env.config.model.width if spec.width is None else spec.width
-        key = (width, spec.dropped_blocks)
+        key = (width, spec.dropped_blocks, spec.depth)
         if key not in self._models:
             # Running statistics always exist at evaluation: loaded, or recomputed for static BN.
-            model = build_model_for(self.env.config, self.env.data, width, norm="bn")
-            model.drop_blocks(spec.dropped_blocks)
+            model = shape_model(self.env.build_model(width, norm="bn"), spec)
             self._models[key] = model.to(self.env.device)
         return self._models[key]
 
@@ -56,8 +59,9 @@ class Evaluator:
             model(batch)
 
     @torch.no_grad()
-    def __call__(self, global_state: StateDict, spec: SubmodelSpec | None = None) -> dict[str, float]:
-        """Accuracy and mean cross-entropy on the test set of the (sub-)model `spec` selects."""
+    def __call__(self, global_state: StateDict, spec: SubmodelSpec | None = None) -> dict[str, Any]:
+        """Accuracy and mean cross-entropy on the test set of the (sub-)model `spec` selects, at its
+        deepest exit; with several exits also `exit_accuracy` (by exit block) and `ensemble_accuracy`."""
         spec = spec or SubmodelSpec()
         model = self._model(spec)
         model.load_state_dict(extract(global_state, spec), strict=not self.static_bn)
@@ -65,10 +69,19 @@ class Evaluator:
             self._recompute_bn(model)
         model.eval()
         x, y = self.env.test_x, self.env.test_y
-        correct, loss = 0, 0.0
+        names = [f"exit{b}" for b in model.exit_blocks] + (["head"] if model.head is not None else [])
+        correct = torch.zeros(len(names) + 1, dtype=torch.long)  # each exit, then the ensemble
+        loss = 0.0
         for start in range(0, len(y), BATCH):
-            logits = model(x[start : start + BATCH])
+            outputs = model.forward_exits(x[start : start + BATCH])
             target = y[start : start + BATCH]
-            loss += float(F.cross_entropy(logits, target, reduction="sum"))
-            correct += int((logits.argmax(1) == target).sum())
-        return {"accuracy": correct / len(y), "loss": loss / len(y)}
+            loss += float(F.cross_entropy(outputs[-1], target, reduction="sum"))
+            ensemble = torch.stack([o.softmax(1) for o in outputs]).mean(0)
+            for k, logits in enumerate([*outputs, ensemble]):
+                correct[k] += int((logits.argmax(1) == target).sum())
+        accuracy = (correct.double() / len(y)).tolist()
+        scores: dict[str, Any] = {"accuracy": accuracy[-2], "loss": loss / len(y)}
+        if len(names) > 1:
+            scores["exit_accuracy"] = dict(zip(names, accuracy[:-1]))
+            scores["ensemble_accuracy"] = accuracy[-1]
+        return scores

@@ -14,7 +14,6 @@ import torch
 
 from hfl.accounting.budgets import assign_budgets
 from hfl.backends import ClientEnvironment
-from hfl.backends.base import build_model_for
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
 from hfl.evaluation import Evaluator
@@ -43,7 +42,7 @@ def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, MODEL_STREAM))
-        model = build_model_for(config, env.data)
+        model = env.build_model()
     global_state = {k: v.detach().clone().to(env.device) for k, v in model.state_dict().items()}
     return RunState(0, global_state, env.method.init_state(), 0.0)
 
@@ -106,6 +105,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "rounds": config.fl.rounds,
         "wall_seconds": elapsed,
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
+        "skipped_client_rounds": sum(len(r.get("skipped_clients", [])) for r in records),
         **resource_summary([c for r in records for c in r["clients"]]),
     }
 
@@ -140,10 +140,12 @@ def run_experiment(
             cohort = sample_cohort(config, r)
             # 2. plan: which sub-model and objective settings each client gets
             settings = train_settings(fl, r)
-            tasks = [
-                method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
+            planned = {
+                c: method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
                 for c in cohort
-            ]
+            }
+            tasks = [task for task in planned.values() if task is not None]
+            skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
             # 3. local training
             updates, failed = backend.run(state.global_state, tasks)
             # 4. aggregation
@@ -161,7 +163,8 @@ def run_experiment(
             # 6. log and checkpoint
             seconds = time.perf_counter() - started
             state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
-            record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed}
+            record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed,
+                      **({"skipped_clients": skipped} if skipped else {})}
             # The round's line, then the checkpoint (a resumed run keeps lines up to its round),
             # then callbacks, which may hand that checkpoint on (Ray Tune does).
             metrics.on_round(record)

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 
 from hfl.accounting.cost import TrainingCost, measure_training_cost
 from hfl.models.base import ScalableModel
-from hfl.submodel.spec import SubmodelSpec
+from hfl.submodel.spec import SubmodelSpec, shape_model
 
 ModelFactory = Callable[[float], ScalableModel]
+
+
+def unchanged(model: ScalableModel) -> ScalableModel:
+    return model
 
 
 def optimizer_kind(name: str, momentum: float) -> str:
@@ -22,21 +26,26 @@ class Accountant:
     """Answers "what does training this sub-model cost?" for one experiment's model and data.
 
     Specs that differ only in their indices (a rolled window, a different channel choice) have the
-    same cost, so the cache key is the shape: width, dropped blocks, frozen tensors, batch size."""
+    same cost, so the cache key is the shape: width, depth structure, frozen tensors, batch size."""
 
     build: ModelFactory
-    """Builds the model at an absolute width ratio."""
+    """Builds the plain model at an absolute width ratio."""
     input_shape: tuple[int, ...]
     num_classes: int
     optimizer: str = "sgd_momentum"
+    adapt: Callable[[ScalableModel], ScalableModel] = unchanged
+    """The method's changes to every model it trains (exits, a norm per width); budgets written as
+    `width:` amounts are costed without them, so they mean the same for every method."""
     _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
 
-    def cost(self, width: float, batch_size: int, spec: SubmodelSpec | None = None) -> TrainingCost:
+    def cost(self, width: float, batch_size: int, spec: SubmodelSpec | None = None, *, adapted: bool = True) -> TrainingCost:
         spec = spec or SubmodelSpec()
-        key = (width, spec.dropped_blocks, spec.frozen, batch_size)
+        key = (width, spec.dropped_blocks, spec.depth, spec.frozen, batch_size, adapted)
         if key not in self._cache:
             model = self.build(width)
-            model.drop_blocks(spec.dropped_blocks)
+            if adapted:
+                model = self.adapt(model)
+            shape_model(model, spec)
             for name, param in model.named_parameters():
                 param.requires_grad_(name not in spec.frozen)
             self._cache[key] = measure_training_cost(model, self.input_shape, self.num_classes, batch_size, self.optimizer)

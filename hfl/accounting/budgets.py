@@ -105,18 +105,18 @@ class BudgetResolver:
 
     def memory(self, text: str) -> int:
         if text.startswith("width:"):
-            return self.accountant.cost(parse_width(text[6:]), self.batch_size).peak_bytes
+            return self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).peak_bytes
         return _absolute(text)
 
     def flops(self, text: str, num_samples: int) -> int:
         if text.startswith("width:"):
-            per_sample = self.accountant.cost(parse_width(text[6:]), self.batch_size).train_flops_per_sample
+            per_sample = self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).train_flops_per_sample
             return per_sample * num_samples * self.local_epochs
         return _absolute(text)
 
     def upload(self, text: str) -> int:
         if text.startswith("width:"):
-            return self.accountant.cost(parse_width(text[6:]), self.batch_size).param_bytes
+            return self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).param_bytes
         return _absolute(text)
 
 

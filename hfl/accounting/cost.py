@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hfl.models.base import ScalableModel
+
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 """Optimiser state per trainable parameter, in parameter-sized copies."""
 
@@ -27,7 +29,9 @@ Step = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
 
 def cross_entropy_step(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    return F.cross_entropy(model(x), y)
+    """Cross-entropy at every exit the model holds (one for a model without early exits)."""
+    outputs = model.forward_exits(x) if isinstance(model, ScalableModel) else [model(x)]
+    return sum(F.cross_entropy(logits, y) for logits in outputs)
 
 
 @dataclass(frozen=True)

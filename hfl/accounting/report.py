@@ -31,7 +31,7 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         })
     widths = []
     for text in REPORT_WIDTHS:
-        cost = accountant.cost(parse_width(text), batch)
+        cost = accountant.cost(parse_width(text), batch, adapted=False)
         widths.append({
             "width": text,
             "param_bytes": cost.param_bytes,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -14,13 +15,24 @@ from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.errors import ConfigError
-from hfl.methods import Method, build_method
+from hfl.methods import Method, ServerResources, build_method
 from hfl.models import ScalableModel, build_model
 from hfl.registry import METHODS
 from hfl.seeding import derive_seed
+from hfl.submodel.spec import SubmodelSpec, shape_model
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
 PARTITION_STREAM = 2**31 - 1  # seed tag of the data partition, apart from every client's streams
+SERVER_SPLIT_STREAM = 2**31 - 5  # seed tag of the server's unlabelled share
+
+
+def server_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(server indices, client indices) of the training set: a seeded `fraction` for the server."""
+    if fraction == 0:
+        return np.zeros(0, dtype=np.int64), np.arange(num_samples)
+    order = np.random.default_rng(seed).permutation(num_samples)
+    cut = round(fraction * num_samples)
+    return np.sort(order[:cut]), np.sort(order[cut:])
 
 
 class Backend(Protocol):
@@ -56,7 +68,7 @@ class ClientEnvironment:
     """Normalised once: evaluation reads it every round."""
     test_y: Tensor
     accountant: Accountant
-    _models: dict[tuple[float, frozenset[int]], ScalableModel] = field(default_factory=dict)
+    _models: dict[tuple, ScalableModel] = field(default_factory=dict)
     _classes: dict[int, Tensor] = field(default_factory=dict)
     """The labels present in each client's data."""
 
@@ -66,9 +78,11 @@ class ClientEnvironment:
         torch.set_num_threads(config.backend.threads)
         d = config.data
         data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction)
+        labels = data.train_y.numpy()
+        server_indices, client_pool = server_split(len(labels), d.server_fraction, derive_seed(config.seed, SERVER_SPLIT_STREAM))
         parts = partition(
             d.partition,
-            data.train_y.numpy(),
+            labels[client_pool],
             config.fl.clients,
             seed=derive_seed(config.seed, PARTITION_STREAM),
             alpha=d.alpha,
@@ -85,28 +99,39 @@ class ClientEnvironment:
             num_classes=data.num_classes,
             optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
         )
-        return cls(
+        method = build_method(config.method, build_model_for(config, data), accountant)
+        accountant.adapt = method.adapt_model
+        test_x = transform(data.test_x.to(device), train=False)
+        unlabelled = None
+        if len(server_indices):
+            unlabelled = train_x[torch.as_tensor(server_indices, device=device)]
+            unlabelled = unlabelled if augment == "none" else transform(unlabelled, train=False)
+        env = cls(
             config=config,
             data=data,
-            partitions=[torch.as_tensor(p, dtype=torch.long) for p in parts],
+            partitions=[torch.as_tensor(client_pool[p], dtype=torch.long) for p in parts],
             transform=None if augment == "none" else transform,
-            method=build_method(config.method, build_model_for(config, data), accountant),
+            method=method,
             device=device,
             train_x=train_x,
             train_y=data.train_y.to(device),
-            test_x=transform(data.test_x.to(device), train=False),
+            test_x=test_x,
             test_y=data.test_y.to(device),
             accountant=accountant,
         )
+        method.server = ServerResources(build_model=env.build_model, device=device, unlabelled_x=unlabelled)
+        return env
 
-    def model(self, width: float | None, dropped_blocks: frozenset[int]) -> ScalableModel:
-        """A client model of this shape, built once per process and reused by every client."""
-        width = self.config.model.width if width is None else width
-        key = (width, dropped_blocks)
+    def build_model(self, width: float | None = None, norm: str | None = None) -> ScalableModel:
+        """The method's model (its exits and norms included) at `width`, on the CPU."""
+        return self.method.adapt_model(build_model_for(self.config, self.data, width, norm))
+
+    def model(self, spec: SubmodelSpec) -> ScalableModel:
+        """A client model of the spec's shape, built once per process and reused by every client."""
+        width = self.config.model.width if spec.width is None else spec.width
+        key = (width, spec.dropped_blocks, spec.depth)
         if key not in self._models:
-            model = build_model_for(self.config, self.data, width)
-            model.drop_blocks(dropped_blocks)
-            self._models[key] = model.to(self.device)
+            self._models[key] = shape_model(self.build_model(width), spec).to(self.device)
         return self._models[key]
 
     def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
@@ -119,7 +144,7 @@ class ClientEnvironment:
             self.transform,
             ctx.generator(SHUFFLE_STREAM),
         )
-        model = self.model(task.spec.width, task.spec.dropped_blocks)
+        model = self.model(task.spec)
         if ctx.client_id not in self._classes:  # a partition never changes: once per client
             self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
         classes = self._classes[ctx.client_id]

@@ -2,7 +2,13 @@
 
 # Imported explicitly (not scanned) so that DATASETS and PARTITIONERS are filled on import.
 from hfl.data import datasets, partitioners  # noqa: F401
-from hfl.data.datasets import ImageDataset, SyntheticSpec, default_cache_dir, default_data_root, load_dataset
+from hfl.data.datasets import (
+    ImageDataset,
+    SyntheticSpec,
+    default_cache_dir,
+    default_data_root,
+    load_dataset,
+)
 from hfl.data.partitioners import label_histogram, partition, save_label_heatmap
 from hfl.data.transforms import BatchTransform
 

@@ -3,9 +3,11 @@ aggregate (global state + updates -> new global state)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -19,6 +21,17 @@ if TYPE_CHECKING:
     from hfl.client import ClientModule
 
 MethodState = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ServerResources:
+    """What a method may use on the server besides the updates (FedDF's distillation)."""
+
+    build_model: Callable[[float], ScalableModel]
+    """Builds the method's model (exits and all) at an absolute width ratio."""
+    device: torch.device
+    unlabelled_x: Tensor | None
+    """The server's share of the training inputs, normalised, labels withheld (`data.server_fraction`)."""
 
 
 @dataclass(frozen=True)
@@ -42,12 +55,21 @@ class Method:
         self.config = config
         self.model = model  # the global model's structure; methods read it, never train it
         self.accountant = accountant  # what a sub-model costs to train, for fitting budgets
+        self.server: ServerResources | None = None
+        """Set by the environment that runs the method."""
+
+    def adapt_model(self, model: ScalableModel) -> ScalableModel:
+        """Change a freshly built model (the global one, each client's, each evaluated one) the way
+        this method needs: add early exits, a norm per width. Must give equal models equal changes."""
+        return model
 
     def init_state(self) -> MethodState:
         """Server-side method state (masks, step sizes, ...), checkpointed with the model."""
         return {}
 
-    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask:
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
+        """The client's task this round; None when nothing the method offers fits its budget (the
+        client sits the round out and the round records it as skipped)."""
         return ClientTask(ctx=ctx, spec=full_spec())
 
     def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
@@ -58,6 +80,11 @@ class Method:
         self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
     ) -> tuple[StateDict, MethodState]:
         return masked_weighted_mean(global_state, updates), state
+
+    def level_table(self) -> list[dict[str, Any]]:
+        """Rows `hfl budget` prints about the sub-models or levels this method defines (ScaleFL's
+        split ratios and costs per level); none by default."""
+        return []
 
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
         """The sub-models this method defines, by name, each evaluated every evaluation round

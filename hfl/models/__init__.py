@@ -1,7 +1,13 @@
 """Models that declare their blocks, coupled channel groups and exit points."""
 
 from hfl.models import cnn, resnet  # noqa: F401  (registers the models)
-from hfl.models.base import Block, ChannelGroup, ExitPoint, ScalableModel, scaled_channels
+from hfl.models.base import (
+    Block,
+    ChannelGroup,
+    ExitPoint,
+    ScalableModel,
+    scaled_channels,
+)
 from hfl.registry import MODELS
 
 

@@ -3,16 +3,22 @@
 A model is `stem -> body[0] -> ... -> body[n-1] -> head`. While a model builds its layers it
 registers, per layer, which channel group each weight dimension belongs to (`couple`). Sub-model
 specs are computed from those declarations, never from parameter names.
+
+Methods with early exits (DepthFL, ScaleFL) attach classifiers after chosen blocks (`add_exits`);
+a depth-scaled sub-model keeps a prefix of the body and the exits inside it (`truncate`), and
+`forward_exits` returns every exit's logits, shallowest first, the head's last.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 NORMS = ("bn", "static_bn")
+EXIT_KINDS = ("linear", "bottleneck")
 
 
 def scaled_channels(base: int, width: float) -> int:
@@ -59,11 +65,19 @@ class ExitPoint:
 class ScalableModel(nn.Module):
     """Base class: subclasses build `stem`, `body` (nn.ModuleList) and `head`, calling `couple`."""
 
-    def __init__(self, width: float) -> None:
+    def __init__(self, width: float, num_classes: int, norm: str, head_norm: bool) -> None:
         super().__init__()
         if width <= 0:
             raise ValueError(f"width must be positive, got {width}")
         self.width = width
+        self.num_classes = num_classes
+        self.norm = norm
+        self.head_norm = head_norm
+        """True when the body's output needs norm + ReLU before a classifier (pre-activation nets)."""
+        self.exits = nn.ModuleDict()
+        """Early-exit classifiers, keyed by the index of the body block they follow."""
+        self.depth: int | None = None
+        """Body blocks this instance runs (a prefix); None: all of them."""
         self._couplings: list[tuple[nn.Module, str, int, str]] = []
         self._group_base: dict[str, int] = {}
         self._block_groups: list[tuple[str | None, str, bool]] = []
@@ -122,6 +136,55 @@ class ScalableModel(nn.Module):
             for b in self.blocks()
         ]
 
+    @property
+    def exit_blocks(self) -> tuple[int, ...]:
+        """Blocks followed by an early exit, in forward order (the head is not counted)."""
+        return tuple(sorted(int(b) for b in self.exits))
+
+    def add_exits(self, after_blocks: Sequence[int], kind: str = "linear") -> None:
+        """Attach a classifier after each of `after_blocks` (the last block already has the head).
+
+        'linear': (norm + ReLU for pre-activation nets,) pooling and a linear layer. 'bottleneck':
+        first a stride-2 separable conv per later stage, up to the last stage's channels, as in
+        DepthFL and "Be Your Own Teacher", so a shallow exit sees features of the final shape."""
+        if kind not in EXIT_KINDS:
+            raise ValueError(f"exit kind must be one of {EXIT_KINDS}, got {kind!r}")
+        blocks = self.blocks()
+        for b in sorted(set(after_blocks)):
+            if not 0 <= b < len(blocks) - 1:
+                raise ValueError(f"an exit must follow a block in 0..{len(blocks) - 2}, got {b}")
+            group = blocks[b].out_group
+            later = list(dict.fromkeys(blk.out_group for blk in blocks[b + 1 :] if blk.out_group != group))
+            targets = [self._group_base[g] for g in later] if kind == "bottleneck" else []
+            self.exits[str(b)] = ExitClassifier(self, f"exits.{b}", group, targets)
+
+    def truncate(self, depth: int) -> None:
+        """Keep body blocks 0..depth-1, the exits among them, and the head only when nothing is cut."""
+        count = len(self.body)
+        if not 1 <= depth <= count:
+            raise ValueError(f"depth must be in 1..{count}, got {depth}")
+        for i in range(depth, count):
+            self.body[i] = nn.Identity()
+        for b in [b for b in self.exit_blocks if b >= depth]:
+            del self.exits[str(b)]
+        if depth < count:
+            self.head = None
+        self.depth = depth
+
+    def replace_norms(self, factory: Callable[[nn.modules.batchnorm._BatchNorm], nn.Module]) -> None:
+        """Swap every coupled batch-norm layer for `factory(layer)`; the batch-norm layers inside the
+        replacement are coupled to the old layer's channel group (e.g. FjORD's norm per width)."""
+        groups = {id(m): g for m, _, dim, g in self._couplings if dim == 0 and isinstance(m, nn.modules.batchnorm._BatchNorm)}
+        for parent in list(self.modules()):
+            for child_name, child in list(parent.named_children()):
+                if id(child) not in groups:
+                    continue
+                replacement = factory(child)
+                for inner in replacement.modules():
+                    if isinstance(inner, nn.modules.batchnorm._BatchNorm):
+                        self.couple(inner, None, groups[id(child)])
+                setattr(parent, child_name, replacement)
+
     def drop_blocks(self, indices: set[int] | frozenset[int]) -> None:
         """Replace body blocks by identities (depth scaling); only droppable blocks qualify."""
         blocks = self.blocks()
@@ -141,7 +204,23 @@ class ScalableModel(nn.Module):
             h = block(h)
         return h
 
+    def forward_exits(self, x: Tensor) -> list[Tensor]:
+        """The logits of every exit this instance holds, shallowest first (the head's last)."""
+        h, outputs = self.stem(x), []
+        for i, block in enumerate(self.body):
+            if self.depth is not None and i >= self.depth:
+                break
+            h = block(h)
+            if str(i) in self.exits:
+                outputs.append(self.exits[str(i)](h))
+        if self.head is not None:
+            outputs.append(self.head(h))
+        return outputs
+
     def forward(self, x: Tensor) -> Tensor:
+        """The deepest exit's logits (the head's, unless the model is truncated)."""
+        if self.exits or self.depth is not None:
+            return self.forward_exits(x)[-1]
         return self.head(self.features(x))
 
 
@@ -165,3 +244,37 @@ class ClassifierHead(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         h = self.act(self.norm(h))
         return self.fc(h.mean(dim=(2, 3)))
+
+
+class SeparableDownsample(nn.Module):
+    """Depthwise conv3x3 with stride 2, pointwise conv1x1, norm, ReLU."""
+
+    def __init__(self, model: ScalableModel, cin: int, cout: int, gin: str, gout: str) -> None:
+        super().__init__()
+        self.depthwise = model.couple(nn.Conv2d(cin, cin, 3, stride=2, padding=1, groups=cin, bias=False), None, gin)
+        self.pointwise = model.couple(nn.Conv2d(cin, cout, 1, bias=False), gin, gout)
+        self.norm = make_norm(model, cout, model.norm, gout)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.act(self.norm(self.pointwise(self.depthwise(h))))
+
+
+class ExitClassifier(nn.Module):
+    """An early exit: optional down-sampling convs (one per later stage), then a classifier head."""
+
+    def __init__(self, model: ScalableModel, name: str, group: str, target_bases: Sequence[int]) -> None:
+        super().__init__()
+        gin, cin = group, scaled_channels(model._group_base[group], model.width)
+        layers = []
+        for k, base in enumerate(target_bases):
+            gout = f"{name}.{k}"
+            cout = model.channels(gout, base)
+            layers.append(SeparableDownsample(model, cin, cout, gin, gout))
+            gin, cin = gout, cout
+        self.convs = nn.Sequential(*layers)
+        norm = model.norm if model.head_norm and not layers else None
+        self.classifier = ClassifierHead(model, gin, cin, model.num_classes, norm)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.classifier(self.convs(h))

@@ -12,7 +12,7 @@ class SmallCNN(ScalableModel):
     """conv3x3-ReLU-maxpool twice (32 and 64 channels at width 1), global pooling, linear."""
 
     def __init__(self, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> None:
-        super().__init__(width)
+        super().__init__(width, num_classes, norm, head_norm=False)
         c1, c2 = self.channels("block0", 32), self.channels("block1", 64)
         self.stem = nn.Identity()
         self.body = nn.ModuleList([self._conv_block(in_channels, c1, None, "block0"), self._conv_block(c1, c2, "block0", "block1")])

@@ -103,7 +103,7 @@ class ResNet(ScalableModel):
 
     def __init__(
         self,
-        block: type[BasicBlock] | type[PreActBlock],
+        block: type[BasicBlock | PreActBlock],
         depths: tuple[int, ...],
         base_channels: tuple[int, ...],
         in_channels: int,
@@ -111,7 +111,7 @@ class ResNet(ScalableModel):
         width: float = 1.0,
         norm: str = "bn",
     ) -> None:
-        super().__init__(width)
+        super().__init__(width, num_classes, norm, head_norm=block.preactivated)
         if len(depths) != len(base_channels):
             raise ValueError(f"got {len(depths)} stage depths but {len(base_channels)} channel counts")
         gin, cin = "stage1", self.channels("stage1", base_channels[0])

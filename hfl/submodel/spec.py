@@ -27,6 +27,8 @@ class SubmodelSpec:
     """Width ratio the client model is built at (None: the global model's); index lengths agree with it."""
     dropped_blocks: frozenset[int] = frozenset()
     """Body blocks the client model skips (depth scaling)."""
+    depth: int | None = None
+    """Leading body blocks the client model keeps (early-exit prefixes); None: all."""
     indices: Mapping[str, Indices] = field(default_factory=dict)
     """Keys absent here are held whole along every dimension."""
     absent: frozenset[str] = frozenset()
@@ -41,9 +43,18 @@ class SubmodelSpec:
         return {
             "width": self.width,
             "dropped_blocks": sorted(self.dropped_blocks),
+            "depth": self.depth,
             "frozen_tensors": len(self.frozen),
             "masked_tensors": len(self.masks),
         }
+
+
+def shape_model(model: ScalableModel, spec: SubmodelSpec) -> ScalableModel:
+    """Give a freshly built model the spec's depth structure (skipped blocks, truncation)."""
+    model.drop_blocks(spec.dropped_blocks)
+    if spec.depth is not None:
+        model.truncate(spec.depth)
+    return model
 
 
 def _region(shape: torch.Size, dims: Indices) -> tuple:
@@ -133,6 +144,19 @@ def drop_blocks(spec: SubmodelSpec, model: ScalableModel, blocks: Iterable[int])
     """Add depth scaling to `spec`: the given body blocks are skipped and their tensors absent."""
     blocks = frozenset(blocks)
     return replace(spec, dropped_blocks=spec.dropped_blocks | blocks, absent=spec.absent | block_keys(model, blocks))
+
+
+def truncate(spec: SubmodelSpec, model: ScalableModel, depth: int) -> SubmodelSpec:
+    """Keep the first `depth` body blocks and the exits among them; the rest (and the head, unless
+    nothing is cut) is absent."""
+    count = len(model.body)
+    if not 1 <= depth <= count:
+        raise ValueError(f"depth must be in 1..{count}, got {depth}")
+    absent = set(block_keys(model, range(depth, count)))
+    absent.update(f"exits.{b}.{k}" for b in model.exit_blocks if b >= depth for k in model.exits[str(b)].state_dict())
+    if depth < count:
+        absent.update(f"head.{k}" for k in model.head.state_dict())
+    return replace(spec, depth=depth, absent=spec.absent | absent)
 
 
 def freeze(spec: SubmodelSpec, keys: Iterable[str]) -> SubmodelSpec:

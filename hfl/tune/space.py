@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfl.config import ExperimentConfig, check, check_choice, config_from_dict, load_config, read_yaml_mapping
+from hfl.config import (
+    ExperimentConfig,
+    check,
+    check_choice,
+    config_from_dict,
+    load_config,
+    read_yaml_mapping,
+)
 from hfl.errors import ConfigError
 
 DOMAINS = ("grid", "choice", "uniform", "loguniform")
