@@ -42,8 +42,8 @@ def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, MODEL_STREAM))
-        model = env.build_model()
-    global_state = {k: v.detach().clone().to(env.device) for k, v in model.state_dict().items()}
+        weights = env.method.initial_global_state(env.build_model)
+    global_state = {k: v.detach().clone().to(env.device) for k, v in weights.items()}
     return RunState(0, global_state, env.method.init_state(), 0.0)
 
 
@@ -154,7 +154,7 @@ def run_experiment(
             last = r == fl.rounds
             scores: dict[str, Any] = {"accuracy": None, "loss": None}
             if r % fl.eval_every == 0 or last:
-                scores = evaluate(state.global_state)
+                scores = evaluate(state.global_state, method.global_model_spec(state.method_state))
                 submodels = method.submodels(state.method_state)
                 if submodels:
                     scores["submodel_accuracy"] = {

@@ -1,7 +1,13 @@
 """Federated methods, one file each; importing this package registers them."""
 
 from hfl.accounting.accountant import Accountant
-from hfl.methods import fedavg, fedprox, fedrolex, heterofl  # noqa: F401  (registers the methods)
+from hfl.methods import (  # noqa: F401  (registers the methods)
+    decoupled,
+    fedavg,
+    fedprox,
+    fedrolex,
+    heterofl,
+)
 from hfl.methods.base import Method, MethodConfig, MethodState, ServerResources
 from hfl.models.base import ScalableModel
 from hfl.registry import METHODS

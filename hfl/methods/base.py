@@ -63,6 +63,15 @@ class Method:
         this method needs: add early exits, a norm per width. Must give equal models equal changes."""
         return model
 
+    def initial_global_state(self, build: Callable[[float], ScalableModel]) -> StateDict:
+        """The global state before round 1, from `build(width)` (the method's model, freshly
+        initialised); methods that keep several models in it (Decoupled) override this."""
+        return build(self.model.width).state_dict()
+
+    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
+        """What is scored as "the global model": the whole state by default."""
+        return full_spec()
+
     def init_state(self) -> MethodState:
         """Server-side method state (masks, step sizes, ...), checkpointed with the model."""
         return {}

@@ -23,7 +23,8 @@ def masked_weighted_mean(global_state: Mapping[str, Tensor], updates: Iterable[C
     counters: dict[str, Tensor] = {}  # integer buffers (e.g. BN's num_batches_tracked): take the max
     for update in updates:
         spec, w = update.spec, float(update.weight)
-        for key, value in update.state.items():
+        for client_key, value in update.state.items():
+            key = spec.global_key(client_key)
             old = global_state[key]
             value = value.to(old.device)  # updates from remote workers arrive on their own device
             if not old.is_floating_point():
@@ -32,7 +33,7 @@ def masked_weighted_mean(global_state: Mapping[str, Tensor], updates: Iterable[C
             acc = sums.get(key)
             if acc is None:
                 acc = sums[key] = torch.zeros_like(old)
-            dims, mask = spec.indices.get(key), spec.masks.get(key)
+            dims, mask = spec.indices.get(client_key), spec.masks.get(client_key)
             if not dims and mask is None:
                 acc.add_(value.to(old.dtype), alpha=w)
                 full_weight[key] = full_weight.get(key, 0.0) + w

@@ -37,6 +37,17 @@ class SubmodelSpec:
     """State keys the client holds but neither trains nor sends back."""
     masks: Mapping[str, Tensor] = field(default_factory=dict)
     """Boolean element masks in client shape: False entries are pruned (held as zero, never sent)."""
+    prefix: str = ""
+    """Where the client's model lives in the global state, for methods that keep several models
+    there (Decoupled: `x0.5.` + key). The other fields name keys without it."""
+
+    def global_key(self, key: str) -> str:
+        return self.prefix + key
+
+    def client_items(self, global_state: Mapping[str, Tensor]) -> Iterable[tuple[str, Tensor]]:
+        """(client key, global tensor) of every global entry under the prefix."""
+        cut = len(self.prefix)
+        return ((k[cut:], v) for k, v in global_state.items() if k.startswith(self.prefix))
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary for metrics."""
@@ -74,7 +85,7 @@ def _region(shape: torch.Size, dims: Indices) -> tuple:
 def extract(global_state: Mapping[str, Tensor], spec: SubmodelSpec) -> dict[str, Tensor]:
     """The client's state: global entries at the spec's indices, masked entries zeroed."""
     out: dict[str, Tensor] = {}
-    for key, tensor in global_state.items():
+    for key, tensor in spec.client_items(global_state):
         if key in spec.absent:
             continue
         dims = spec.indices.get(key)
@@ -94,17 +105,16 @@ def uploaded_keys(client_state: Mapping[str, Tensor], spec: SubmodelSpec) -> lis
 def scatter(
     update: Mapping[str, Tensor], spec: SubmodelSpec, global_state: Mapping[str, Tensor]
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Place an update in global shape: (values, coverage), zero where the client held nothing."""
-    values, coverage = {}, {}
-    for key, tensor in global_state.items():
-        values[key] = torch.zeros_like(tensor)
-        coverage[key] = torch.zeros_like(tensor, dtype=torch.bool)
+    """Place an update in global shape: (values, coverage) by global key, zero where the client held nothing."""
+    values = {key: torch.zeros_like(tensor) for key, tensor in global_state.items()}
+    coverage = {key: torch.zeros_like(tensor, dtype=torch.bool) for key, tensor in global_state.items()}
+    for key, tensor in spec.client_items(global_state):
         if key not in update:
             continue
         region = _region(tensor.shape, spec.indices.get(key) or {})
         held = spec.masks[key] if key in spec.masks else torch.ones_like(update[key], dtype=torch.bool)
-        values[key][region] = update[key] * held
-        coverage[key][region] = held
+        values[spec.global_key(key)][region] = update[key] * held
+        coverage[spec.global_key(key)][region] = held
     return values, coverage
 
 
