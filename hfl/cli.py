@@ -150,6 +150,13 @@ def command_budget(args: argparse.Namespace) -> int:
         print(f"\nBudget tiers ({report['scenario']})")
         print(table(["tier", "clients", "memory", "memory MiB", "upload MiB", "flops"],
                     [[t["tier"], t["clients"], t["memory"], mib(t["memory_bytes"]), mib(t["upload_bytes"]), t["flops"] or "-"] for t in report["tiers"]]))
+    if report.get("levels"):
+        print(f"\nLevels of {config.method.name} (ScaleFL's Table 1; r_l: achieved cost ratio in {report['levels'][0]['cost']}; "
+              "FLOPs: forward, per sample)")
+        print(table(["level", "s_d", "s_w", "blocks", "#params", "#FLOPs", "r_l", "target", "train memory MiB"],
+                    [[lv["level"], f"{lv['s_d']:.2f}", f"{lv['s_w']:.2f}", lv["depth"], f"{lv['params'] / 1e6:.2f} M",
+                      "-" if lv["flops"] is None else f"{lv['flops'] / 1e6:.1f} M", f"{lv['r_l']:.3f}", f"{lv['target']:.3f}",
+                      mib(lv.get("peak_bytes"))] for lv in reversed(report["levels"])]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"\njson: {args.json}")

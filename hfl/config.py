@@ -110,11 +110,15 @@ class FLConfig:
     """Evaluate the global model every k rounds (and always after the last)."""
     checkpoint_every: int = 1
     """Write a resumable checkpoint every k rounds (and always after the last)."""
+    sbn_samples: int = 4096
+    """Training inputs (a fixed seeded sample) from which static batch-norm statistics are recomputed
+    before each evaluation; 0: the whole training set, as HeteroFL does (slow on CPU for CIFAR)."""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check(0 < self.fraction <= 1, "fraction", self.fraction, "a number in (0, 1]")
+        check(self.sbn_samples >= 0, "sbn_samples", self.sbn_samples, "an integer >= 0 (0: all)")
         check(self.lr > 0, "lr", self.lr, "a number > 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")

@@ -19,10 +19,12 @@ from torch import Tensor, nn
 
 from hfl.backends.base import ClientEnvironment, model_norm
 from hfl.models import ScalableModel
+from hfl.seeding import derive_seed
 from hfl.submodel.spec import SubmodelSpec, extract, shape_model
 from hfl.types import StateDict
 
 BATCH = 1024
+SBN_STREAM = 2**31 - 7  # seed tag of the static-BN statistics sample
 
 
 class Evaluator:
@@ -44,6 +46,10 @@ class Evaluator:
 
     def _train_inputs(self) -> Iterator[Tensor]:
         x, transform = self.env.train_x, self.env.transform
+        wanted = self.env.config.fl.sbn_samples
+        if 0 < wanted < len(x):  # the same seeded sample every evaluation
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(derive_seed(self.env.config.seed, SBN_STREAM)))
+            x = x[order[:wanted].to(x.device)]
         for start in range(0, len(x), BATCH):
             batch = x[start : start + BATCH]
             yield batch if transform is None else transform(batch, train=False)

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfl.accounting.budgets import assign_budgets
 from hfl.backends import ClientEnvironment
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
@@ -117,13 +116,13 @@ def run_experiment(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = ClientEnvironment.from_config(config)
-    backend = BACKENDS.get(config.backend.name, field="backend.name")(env)
     method, fl = env.method, config.fl
     if resume and has_checkpoint(out):
         state, _ = load_checkpoint(out, env.device)
         log.info("resuming %s after round %d", out, state.round)
     else:
-        state = initial_state(config, env)
+        state = initial_state(config, env)  # may refuse the config: before any backend starts
+    backend = BACKENDS.get(config.backend.name, field="backend.name")(env)
     dump_config(config, out / "config.yaml")  # also on resume: a run may be extended (fl.rounds)
     metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)
     sinks: list[RoundCallback] = []
@@ -131,7 +130,7 @@ def run_experiment(
         sinks.append(WandbLogger(config, out, resume))
     sinks.extend(callbacks)
     evaluate = Evaluator(env)
-    _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
+    budgets = env.budgets
 
     try:
         for r in range(state.round + 1, fl.rounds + 1):

@@ -1,4 +1,5 @@
-"""The numbers behind `hfl budget`: per-block and per-width training memory, and the tiers' budgets."""
+"""The numbers behind `hfl budget`: per-block and per-width training memory, the tiers' budgets,
+and the levels a method defines (ScaleFL's split ratios and costs)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ from hfl.config import ExperimentConfig
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 
 
+def level_rows(env: ClientEnvironment, batch: int) -> list[dict[str, Any]]:
+    """The method's level table (ScaleFL's Table 1), each row that names one of the method's
+    sub-models with that sub-model's estimated training memory (`peak_bytes`)."""
+    rows = [dict(row) for row in env.method.level_table()]
+    specs = env.method.submodels(env.method.init_state())
+    for row in rows:
+        spec = specs.get(row.get("name", ""))
+        if spec is not None:
+            width = env.config.model.width if spec.width is None else spec.width
+            row["peak_bytes"] = env.accountant.cost(width, batch, spec).peak_bytes
+    return rows
+
+
 def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
     accountant, batch = env.accountant, config.fl.batch_size
     model = env.method.model
@@ -22,7 +36,7 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         block_params = sum(p.numel() * p.element_size() for p in model.body[block.index].parameters())
         blocks.append({
             "block": block.index + 1,
-            "channels": dict((g.name, g.size) for g in model.channel_groups())[block.out_group],
+            "channels": {g.name: g.size for g in model.channel_groups()}[block.out_group],
             "param_bytes": block_params,
             "activation_bytes": cost.activation_bytes,
             # The block's weights, their gradients and optimiser state, and its saved activations.
@@ -57,4 +71,5 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "widths": widths,
         "scenario": config.budgets.scenario,
         "tiers": tiers,
+        **({"levels": levels} if (levels := level_rows(env, batch)) else {}),
     }

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from hfl.accounting import Accountant, optimizer_kind
+from hfl.accounting.budgets import ClientBudget, assign_budgets
 from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
@@ -68,6 +69,8 @@ class ClientEnvironment:
     """Normalised once: evaluation reads it every round."""
     test_y: Tensor
     accountant: Accountant
+    budgets: list[ClientBudget | None]
+    """Every client's budget (None: unlimited), fixed for the run."""
     _models: dict[tuple, ScalableModel] = field(default_factory=dict)
     _classes: dict[int, Tensor] = field(default_factory=dict)
     """The labels present in each client's data."""
@@ -99,7 +102,8 @@ class ClientEnvironment:
             num_classes=data.num_classes,
             optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
         )
-        method = build_method(config.method, build_model_for(config, data), accountant)
+        _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
+        method = build_method(config.method, build_model_for(config, data), accountant, budgets, config.fl.batch_size)
         accountant.adapt = method.adapt_model
         test_x = transform(data.test_x.to(device), train=False)
         unlabelled = None
@@ -118,8 +122,9 @@ class ClientEnvironment:
             test_x=test_x,
             test_y=data.test_y.to(device),
             accountant=accountant,
+            budgets=budgets,
         )
-        method.server = ServerResources(build_model=env.build_model, device=device, unlabelled_x=unlabelled)
+        method.server = ServerResources(build_model=env.build_model, device=device, unlabelled_x=unlabelled, seed=config.seed)
         return env
 
     def build_model(self, width: float | None = None, norm: str | None = None) -> ScalableModel:

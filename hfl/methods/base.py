@@ -3,7 +3,7 @@ aggregate (global state + updates -> new global state)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hfl.accounting.accountant import Accountant
+from hfl.accounting.budgets import ClientBudget
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.spec import SubmodelSpec, full_spec
@@ -32,6 +33,8 @@ class ServerResources:
     device: torch.device
     unlabelled_x: Tensor | None
     """The server's share of the training inputs, normalised, labels withheld (`data.server_fraction`)."""
+    seed: int
+    """The experiment's seed, for the server's own random draws."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class Method:
         self.accountant = accountant  # what a sub-model costs to train, for fitting budgets
         self.server: ServerResources | None = None
         """Set by the environment that runs the method."""
+
+    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
+        """Called once, before `adapt_model`, with every client's budget (fixed for the run) and the
+        batch size they were costed at, for methods whose sub-models follow from the clients'
+        resources (ScaleFL's levels); ignored by default."""
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         """Change a freshly built model (the global one, each client's, each evaluated one) the way
