@@ -19,12 +19,11 @@ from torch import Tensor, nn
 
 from hfl.backends.base import ClientEnvironment, model_norm
 from hfl.models import ScalableModel
-from hfl.seeding import derive_seed
+from hfl.seeding import SBN_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec, extract, shape_model
 from hfl.types import StateDict
 
 BATCH = 1024
-SBN_STREAM = 2**31 - 7  # seed tag of the static-BN statistics sample
 
 
 class Evaluator:

@@ -8,3 +8,22 @@ import numpy as np
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from non-negative integers (experiment seed, round, client, stream tag...)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+# Tags of the run-level streams, one place so no two collide; they sit above every client id.
+PARTITION_STREAM = 2**31 - 1
+"""The data partition."""
+COHORT_STREAM = 2**31 - 2
+"""Each round's cohort."""
+MODEL_STREAM = 2**31 - 3
+"""The initial global weights."""
+BUDGET_STREAM = 2**31 - 4
+"""The assignment of budget tiers to clients."""
+SERVER_SPLIT_STREAM = 2**31 - 5
+"""The server's unlabelled share of the training set."""
+DISTILL_STREAM = 2**31 - 6
+"""Server-side distillation batches (FedDF)."""
+SBN_STREAM = 2**31 - 7
+"""The training sample static batch-norm statistics are recomputed from."""
+LEVEL_STREAM = 2**31 - 8
+"""Levels of clients without a budget (ScaleFL)."""

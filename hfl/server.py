@@ -18,11 +18,10 @@ from hfl.config import ExperimentConfig, FLConfig, dump_config
 from hfl.evaluation import Evaluator
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.registry import BACKENDS
-from hfl.seeding import derive_seed
+from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
 from hfl.types import RoundContext, TrainSettings
 
 log = logging.getLogger(__name__)
-COHORT_STREAM, MODEL_STREAM = 2**31 - 2, 2**31 - 3  # seed tags apart from client ids
 SUMMARY = "summary.json"
 
 

@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hfl.accounting.accountant import Accountant
-from hfl.seeding import derive_seed
+from hfl.seeding import BUDGET_STREAM, derive_seed
 
 if TYPE_CHECKING:
     from hfl.config import BudgetsConfig, ExperimentConfig
 
-BUDGET_STREAM = 2**31 - 4  # seed tag of the budget assignment, apart from client ids
 
 SCENARIOS = {
     "fair": ("1/6", "1/3", "1/2", "1"),

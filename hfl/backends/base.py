@@ -19,12 +19,9 @@ from hfl.errors import ConfigError
 from hfl.methods import Method, ServerResources, build_method
 from hfl.models import ScalableModel, build_model
 from hfl.registry import METHODS
-from hfl.seeding import derive_seed
+from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec, shape_model
 from hfl.types import ClientTask, ClientUpdate, StateDict
-
-PARTITION_STREAM = 2**31 - 1  # seed tag of the data partition, apart from every client's streams
-SERVER_SPLIT_STREAM = 2**31 - 5  # seed tag of the server's unlabelled share
 
 
 def server_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -40,13 +40,12 @@ from hfl.methods.base import MethodState, ServerResources
 from hfl.methods.heterofl import HeteroFL, HeteroFLConfig
 from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
-from hfl.seeding import derive_seed
+from hfl.seeding import DISTILL_STREAM, derive_seed
 from hfl.submodel.spec import extract
 from hfl.types import ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
 
-DISTILL_STREAM = 2**31 - 6  # seed tag of the server's batch order, apart from every other stream
 CHUNK = 1024  # inputs per forward pass when the teachers run over the whole unlabelled set
 MAX_GRAD_NORM = 5.0  # the authors' clipping of the student's gradient
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")

@@ -51,7 +51,7 @@ from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.methods.heterofl import scaled_conv_outputs
 from hfl.models.base import EXIT_KINDS, ScalableModel, scaled_channels
 from hfl.registry import METHODS
-from hfl.seeding import derive_seed
+from hfl.seeding import LEVEL_STREAM, derive_seed
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.spec import SubmodelSpec, truncate, width_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEVEL_STREAM = 2**31 - 6  # seed tag of the uniform level draw of clients without a budget
 
 CostRatio = Callable[[float, int, Sequence[int]], float]
 """(s_w, blocks kept, cuts of the exits before) -> cost of that split relative to the global model."""
