@@ -60,6 +60,9 @@ class FedDFConfig(HeteroFLConfig):
     thread; raise it for real runs (on a GPU a step of PreResNet-20 takes milliseconds)."""
     distill_batch_size: int = 128
     """Unlabelled inputs per distillation step (the authors' 128)."""
+    distill_samples: int = 0
+    """Unlabelled inputs the round distils on, a fresh seeded sample each round (0: the whole server
+    split). Every teacher runs over them, so on a CPU this bounds the round's cost."""
     distill_lr: float = 1e-3
     """Adam learning rate of the student, decayed to 0 over the round's steps by a cosine (as the authors)."""
     temperature: float = 1.0
@@ -69,6 +72,7 @@ class FedDFConfig(HeteroFLConfig):
         super().__post_init__()
         check(self.distill_steps >= 0, "distill_steps", self.distill_steps, "an integer >= 0")
         check(self.distill_batch_size >= 1, "distill_batch_size", self.distill_batch_size, "an integer >= 1")
+        check(self.distill_samples >= 0, "distill_samples", self.distill_samples, "an integer >= 0 (0: all)")
         check(self.distill_lr > 0, "distill_lr", self.distill_lr, "a number > 0")
         check(self.temperature > 0, "temperature", self.temperature, "a number > 0")
 
@@ -155,11 +159,15 @@ class FedDF(HeteroFL):
         state = {**state, "aggregations": count}
         if not updates:  # no teachers this round
             return averaged, state
-        x = unlabelled.to(server.device)
+        seed = derive_seed(self.server.seed, DISTILL_STREAM, count, *sorted(u.client_id for u in updates))
+        x = unlabelled
+        if 0 < self.config.distill_samples < len(x):
+            pick = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[: self.config.distill_samples]
+            x = x[pick.to(x.device)]
+        x = x.to(server.device)
         target = self.ensemble_logits(server, global_state, updates, x)
         student = self._student_model(server)
         student.load_state_dict(averaged, strict=True)
-        seed = derive_seed(self.server.seed, DISTILL_STREAM, count, *sorted(u.client_id for u in updates))
         self.distil(student, x, target, seed)
         distilled = student.state_dict()
         # Integer buffers (BN's batch counters) keep the clients' value; the rest is the student's.

@@ -155,3 +155,14 @@ def test_missing_server_split_is_a_config_error(tmp_path, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hfl: error:")]
     assert len(errors) == 1 and "data.server_fraction" in errors[0] and "feddf" in errors[0]
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_distill_samples_bounds_what_the_teachers_run_on(monkeypatch):
+    method, global_state, updates, x = two_client_round("bn", distill_steps=2, distill_samples=5)
+    seen = []
+    original = method.ensemble_logits
+    monkeypatch.setattr(method, "ensemble_logits", lambda server, g, u, inputs: seen.append(inputs) or original(server, g, u, inputs))
+    method.aggregate(global_state, updates, method.init_state())
+    assert len(seen) == 1 and len(seen[0]) == 5 < len(x)
+    rows = {tuple(r.flatten().tolist()) for r in x}
+    assert all(tuple(r.flatten().tolist()) in rows for r in seen[0])  # a sample of the server split
