@@ -157,8 +157,7 @@ class ClientEnvironment:
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
         """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""
         ctx, spec = task.ctx, task.spec
-        width = self.config.model.width if spec.width is None else spec.width
-        cost = self.accountant.cost(width, min(ctx.train.batch_size, ctx.num_samples), spec)
+        cost = self.method.training_cost(spec, min(ctx.train.batch_size, ctx.num_samples))
         budget = ctx.budget
         return {
             "tier": budget.tier if budget else None,

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
+from hfl.accounting.cost import TrainingCost
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.spec import SubmodelSpec, full_spec
@@ -65,6 +66,15 @@ class Method:
         """Called once, before `adapt_model`, with every client's budget (fixed for the run) and the
         batch size they were costed at, for methods whose sub-models follow from the clients'
         resources (ScaleFL's levels); ignored by default."""
+
+    def training_cost(self, spec: SubmodelSpec, batch_size: int) -> TrainingCost:
+        """What training `spec` for one step costs a client (memory, FLOPs): the accountant's
+        measurement of a cross-entropy step at every exit, unless the objective does more (FjORD's
+        self-distillation runs two widths). Budgets are checked and reported against this."""
+        if self.accountant is None:
+            raise RuntimeError("training costs need an accountant (ClientEnvironment gives the method one)")
+        width = self.model.width if spec.width is None else spec.width
+        return self.accountant.cost(width, batch_size, spec)
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         """Change a freshly built model (the global one, each client's, each evaluated one) the way

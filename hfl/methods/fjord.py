@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
-from hfl.accounting.cost import measure_training_cost
+from hfl.accounting.cost import TrainingCost, measure_training_cost
 from hfl.config import check
 from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.models.base import ChannelGroup, ScalableModel, scaled_channels
@@ -174,7 +174,7 @@ class FjORD(Method):
         self.norm_per_width = model.norm == "bn"
         """A batch norm per width; with static batch norm the evaluation recomputes statistics per width instead."""
         self._specs: dict[float, SubmodelSpec] = {}
-        self._distillation_bytes: dict[tuple[float, int], int] = {}
+        self._distillation_costs: dict[tuple[float, int], TrainingCost] = {}
         self._layers: WeakKeyDictionary[ScalableModel, list[tuple[nn.Module, ChannelGroup]]] = WeakKeyDictionary()
 
     # -- models: a batch norm per width -------------------------------------------------------
@@ -209,22 +209,23 @@ class FjORD(Method):
             self._specs[p] = replace(spec, absent=spec.absent | wider)
         return self._specs[p]
 
-    def training_bytes(self, p: float, batch_size: int) -> int:
-        """Peak training memory of a client at p_max = p: the width-p model's (no batch trains a wider
-        network, and a masked forward saves what the plain one does)."""
-        cost = self.accountant.cost(self.model.width * p, batch_size, self.spec_for(p))
+    def training_cost(self, spec: SubmodelSpec, batch_size: int) -> TrainingCost:
+        """The width-p_max model's cost (no batch trains a wider network, and a masked forward saves
+        what the plain one does); with self-distillation, a step that runs the teacher and the
+        narrowest student, whose graphs are alive together."""
+        cost = super().training_cost(spec, batch_size)
+        p = spec.width / self.model.width
         if not self.config.self_distillation or same_width(p, self.ladder[0]):
-            return cost.peak_bytes
-        # Self-distillation holds the teacher's graph while the student's is built: measured with both.
+            return cost
         key = (p, batch_size)
-        if key not in self._distillation_bytes:
+        if key not in self._distillation_costs:
             acc = self.accountant
-            model = self.adapt_model(acc.build(self.model.width * p))
+            model = self.adapt_model(acc.build(spec.width))
             step = lambda m, x, y: self.losses(m, x, y, self.ladder[0], p)["loss"]
-            self._distillation_bytes[key] = measure_training_cost(
+            self._distillation_costs[key] = measure_training_cost(
                 model, acc.input_shape, acc.num_classes, batch_size, acc.optimizer, step=step
-            ).peak_bytes
-        return self._distillation_bytes[key]
+            )
+        return self._distillation_costs[key]
 
     def p_max_for(self, ctx: RoundContext) -> float | None:
         """The widest ladder width whose training fits the client's memory budget; None if none does."""
@@ -233,7 +234,7 @@ class FjORD(Method):
             return self.ladder[-1]
         batch = min(ctx.train.batch_size, ctx.num_samples)
         for p in reversed(self.ladder):
-            if self.training_bytes(p, batch) <= budget:
+            if self.training_cost(self.spec_for(p), batch).peak_bytes <= budget:
                 return p
         log.info("client %d: even width %g exceeds its budget of %d bytes", ctx.client_id, self.ladder[0], budget)
         return None

@@ -88,7 +88,7 @@ def test_masked_forward_saves_what_the_accountant_counts():
 def context(method, p_max, seed=0, num_samples=200):
     """A client-round whose budget is exactly the training memory of p_max."""
     settings = TrainSettings(0.05, 0.9, 0.0, 1, 16)
-    budget = ClientBudget("t", method.training_bytes(p_max, 16), None, None) if method.accountant else None
+    budget = ClientBudget("t", method.training_cost(method.spec_for(p_max), 16).peak_bytes, None, None) if method.accountant else None
     return RoundContext(1, 0, seed, num_samples, settings, budget)
 
 
@@ -191,11 +191,18 @@ def test_self_distillation_run_fits_teacher_and_student_in_the_budget(tmp_path):
     env = ClientEnvironment.from_config(config)
     single = env.accountant.cost(0.5, 32).peak_bytes
     # Both graphs are alive at the backward pass: nearly twice the activations of one forward.
-    assert single < env.method.training_bytes(0.5, 32) < single + env.accountant.cost(0.5, 32).activation_bytes * 1.01
-    assert env.method.training_bytes(SIXTH, 32) == env.accountant.cost(SIXTH, 32).peak_bytes  # no narrower student
+    assert single < env.method.training_cost(env.method.spec_for(0.5), 32).peak_bytes < single + env.accountant.cost(0.5, 32).activation_bytes * 1.01
+    assert env.method.training_cost(env.method.spec_for(SIXTH), 32).peak_bytes == env.accountant.cost(SIXTH, 32).peak_bytes  # no narrower student
     summary = run_experiment(config, tmp_path)
     assert summary["client_rounds"] + summary["skipped_client_rounds"] == 4 and 0 <= summary["final_accuracy"] <= 1
-    assert all(math.isfinite(c["train_loss"]) for r in read_metrics(tmp_path) for c in r["clients"])
+    assert summary["budget_violations"] == 0
+    clients = [c for r in read_metrics(tmp_path) for c in r["clients"]]
+    assert all(math.isfinite(c["train_loss"]) for c in clients)
+    # What each client-round reports (and budgets are checked against) is the two-graph step's memory.
+    for c in clients:
+        spec = env.method.spec_for(c["submodel"]["width"])
+        batch = min(32, c["num_samples"])
+        assert c["estimated_peak_bytes"] == env.method.training_cost(spec, batch).peak_bytes
 
 
 def test_the_ladder_must_hold_the_global_width():
