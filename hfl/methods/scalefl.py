@@ -440,12 +440,35 @@ class ScaleFL(Method):
         self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
     ) -> tuple[StateDict, MethodState]:
         # Algorithm 3 divides every entry by the number of clients that trained it: unit weights.
-        return masked_weighted_mean(global_state, [replace(u, weight=1.0) for u in updates]), state
+        new = masked_weighted_mean(global_state, [replace(u, weight=1.0) for u in updates])
+        trained = set(state.get("trained_levels", [])) | {self.level_of(u.spec) for u in updates}
+        return new, {**state, "trained_levels": sorted(trained)}
+
+    def init_state(self) -> MethodState:
+        return {"trained_levels": []}
+
+    def level_of(self, spec: SubmodelSpec) -> int:
+        """The level number (from 1) whose spec `spec` is."""
+        depth = self.blocks if spec.depth is None else spec.depth
+        width = self.model.width if spec.width is None else spec.width
+        return next(n for n, lv in enumerate(self.levels, start=1)
+                    if lv.depth == depth and abs(self.model.width * lv.width - width) < 1e-9)
 
     # -- reporting ----------------------------------------------------------------------------
+    def trained_levels(self, state: MethodState) -> list[int]:
+        """Numbers of the levels some client has trained (every level, before round 1)."""
+        return list(state.get("trained_levels", [])) or list(range(1, len(self.levels) + 1))
+
+    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
+        """The highest trained level's model: level L is the whole model when its clients can train
+        it; where exits push the whole model past the top budget (its level is then a slightly
+        smaller split) or no client fits level L, the whole model's head is never trained and would
+        score chance."""
+        return self.spec_for(self.levels[self.trained_levels(state)[-1] - 1])
+
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        """Each level's own model, scored at its deepest exit (the paper's "local" accuracy)."""
-        return {f"level{n}": self.spec_for(level) for n, level in enumerate(self.levels, start=1)}
+        """Each trained level's own model, scored at its deepest exit (the paper's "local" accuracy)."""
+        return {f"level{n}": self.spec_for(self.levels[n - 1]) for n in self.trained_levels(state)}
 
     def level_table(self) -> list[dict[str, Any]]:
         """ScaleFL's Table 1: per level s_d, s_w, parameters, forward FLOPs per sample, and the

@@ -179,6 +179,14 @@ def test_clients_without_budgets_draw_a_uniform_level_once_for_the_run():
     assert all(80 <= levels[1].count(n) <= 120 for n in (1, 2, 3, 4))
 
 
+def levels_of_run(run_dir):
+    """The levels of the method a finished run used (rebuilt from its config)."""
+    from hfl.backends.base import ClientEnvironment
+    from hfl.config import load_config
+
+    return ClientEnvironment.from_config(load_config(run_dir / "config.yaml", [])).method.levels
+
+
 def run_fair(tmp_path, **method):
     config = small_config(method={"name": "scalefl", **method}, model={"name": "preresnet20"}, budgets={"scenario": "fair"},
                           fl={"rounds": 2, "clients": 8, "fraction": 1.0})
@@ -189,10 +197,14 @@ def test_fair_budgets_are_respected_and_every_level_scored(tmp_path):
     summary = run_fair(tmp_path)
     assert summary["budget_violations"] == 0
     assert summary["client_rounds"] + summary["skipped_client_rounds"] == 16
-    assert set(summary["submodel_accuracy"]) == {"level1", "level2", "level3", "level4"}
     trained = {c["tier"]: c["submodel"] for r in read_metrics(tmp_path) for c in r["clients"]}
     widths = [trained[t]["width"] for t in ("w1_6", "w1_3", "w1_2", "w1") if t in trained]
     assert widths == sorted(widths)  # a larger budget never trains a smaller level
+    # Only levels some client trained are scored; the global model is the highest of them.
+    levels = sorted({f"level{n}" for n, lv in enumerate(levels_of_run(tmp_path), start=1)
+                     if any(abs(lv.width - s["width"]) < 1e-9 and lv.depth == (s["depth"] or 9) for s in trained.values())})
+    assert sorted(summary["submodel_accuracy"]) == levels
+    assert summary["final_accuracy"] == summary["submodel_accuracy"][levels[-1]]
 
 
 @pytest.mark.parametrize("scenario", ["fair", "lack"])
