@@ -52,7 +52,7 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     has_submodels = any("worst_submodel_accuracy" in r.summary for r in runs)
     if has_submodels:
         headers += ["worst sub-model", "mean sub-model"]
-    headers += ["mean peak MiB", "max peak MiB", "GFLOPs/round", "MiB down/round", "MiB up/round", "violations", "failed", "wall s"]
+    headers += ["mean peak MiB", "max peak MiB", "GFLOPs/round", "MiB down/round", "MiB up/round", "violations", "failed", "skipped", "wall s"]
     rows = []
     for run in runs:
         s, c, n = run.summary, run.config, max(len(run.rounds), 1)
@@ -67,7 +67,7 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
             _fmt(s.get("mean_estimated_peak_bytes"), MIB, 2), _fmt(s.get("max_estimated_peak_bytes"), MIB, 2),
             _fmt(s.get("total_flops", 0) / n, 1e9, 2), _fmt(s.get("total_bytes_down", 0) / n, MIB, 2),
             _fmt(s.get("total_bytes_up", 0) / n, MIB, 2), _fmt(s.get("budget_violations")),
-            _fmt(s.get("failed_client_rounds")), _fmt(s.get("wall_seconds"), 1.0, 1),
+            _fmt(s.get("failed_client_rounds")), _fmt(s.get("skipped_client_rounds")), _fmt(s.get("wall_seconds"), 1.0, 1),
         ]
         rows.append(row)
     return headers, rows
