@@ -42,7 +42,7 @@ from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.models.base import ChannelGroup, ScalableModel, scaled_channels
 from hfl.registry import METHODS
 from hfl.submodel.spec import SubmodelSpec, width_spec
-from hfl.types import ClientTask, RoundContext
+from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 if TYPE_CHECKING:
     from hfl.client import ClientModule
@@ -271,6 +271,27 @@ class FjORD(Method):
         loss = ce + (1 - alpha) * F.cross_entropy(student, y) + alpha * kd
         return {"loss": loss, "ce": ce.detach(), "kd": kd.detach()}
 
-    # -- evaluation -----------------------------------------------------------------------------
+    # -- aggregation and evaluation -------------------------------------------------------------
+    def init_state(self) -> MethodState:
+        return {"widest_trained": 0.0}
+
+    def aggregate(
+        self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
+    ) -> tuple[StateDict, MethodState]:
+        new, state = super().aggregate(global_state, updates, state)
+        widest = max((u.spec.width / self.model.width for u in updates), default=0.0)
+        return new, {**state, "widest_trained": max(state.get("widest_trained", 0.0), widest)}
+
+    def trained_widths(self, state: MethodState) -> list[float]:
+        """Ladder widths up to the widest p_max any client has had (all of them before round 1): a
+        width beyond it, and its norm copy, were never trained."""
+        widest = state.get("widest_trained", 0.0)
+        return [p for p in self.ladder if p <= widest or same_width(p, widest)] or list(self.ladder)
+
+    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
+        """The widest trained width: under budgets that leave room for one norm copy less than the
+        whole model needs (the `fair` tiers), the full width's norm copy is never trained."""
+        return self.spec_for(self.trained_widths(state)[-1])
+
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        return {f"x{p:.3g}": self.spec_for(p) for p in self.ladder}
+        return {f"x{p:.3g}": self.spec_for(p) for p in self.trained_widths(state)}
