@@ -16,7 +16,7 @@ import numpy as np
 
 USAGE_ERROR = 2
 # Fields that may change between a run and its resumption: they do not change what is computed.
-RESUMABLE_CHANGES = ("fl.rounds", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer")
+RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer")
 
 
 class RoundProgress:
@@ -150,6 +150,10 @@ def command_budget(args: argparse.Namespace) -> int:
         print(f"\nBudget tiers ({report['scenario']})")
         print(table(["tier", "clients", "memory", "memory MiB", "upload MiB", "flops"],
                     [[t["tier"], t["clients"], t["memory"], mib(t["memory_bytes"]), mib(t["upload_bytes"]), t["flops"] or "-"] for t in report["tiers"]]))
+    if report["plans"]:
+        print(f"\nWhat a client of each tier trains ({config.method.name}, round 1)")
+        print(table(["tier", "budget", "estimated peak", "trains"],
+                    [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"]] for p in report["plans"]]))
     if report.get("levels"):
         print(f"\nLevels of {config.method.name} (ScaleFL's Table 1; r_l: achieved cost ratio in {report['levels'][0]['cost']}; "
               "FLOPs: forward, per sample)")

@@ -52,7 +52,7 @@ class ClientBatches:
         self.batch_size, self.transform, self.generator = batch_size, transform, generator
 
     def __len__(self) -> int:
-        return -(-len(self.indices) // self.batch_size)
+        return (len(self.indices) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         order = self.indices[torch.randperm(len(self.indices), generator=self.generator)].to(self.x.device)
@@ -68,11 +68,17 @@ class ClientModule(L.LightningModule):
     def __init__(self, model: nn.Module, method: Method, task: ClientTask, classes: Tensor | None = None) -> None:
         super().__init__()
         self.model, self.method, self.task = model, method, task
+        self.peers = nn.ModuleList(method.peer_models(task, model))
+        """Models trained beside `model` and never uploaded (m-FeDepth); trained stage by stage like it."""
+        self.stage = 0
+        """Index of the training stage running now (see `Method.training_stages`)."""
         self.classes = classes
         """The labels present in this client's data (for objectives that mask the others)."""
         self.masks = {k: m.to(self.device_of_model()) for k, m in task.spec.masks.items()}
         self.initial = (
-            {n: p.detach().clone() for n, p in self.trainable_parameters()} if method.keeps_initial_weights else {}
+            {n: p.detach().clone() for n, p in model.named_parameters() if n not in task.spec.frozen}
+            if method.keeps_initial_weights
+            else {}
         )
         self.loss_sum = torch.zeros((), device=self.device_of_model())
         self.steps = 0
@@ -82,6 +88,14 @@ class ClientModule(L.LightningModule):
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def enter_stage(self, stage: int, trainable: frozenset[str] | None) -> None:
+        """Train `trainable` (None: every parameter the spec does not freeze), the same names in every peer."""
+        self.stage = stage
+        frozen = self.task.spec.frozen
+        for model in (self.model, *self.peers):
+            for name, param in model.named_parameters():
+                param.requires_grad_(name not in frozen and (trainable is None or name in trainable))
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         terms = self.method.objective(self, *batch)
@@ -99,7 +113,7 @@ class ClientModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         settings = self.task.ctx.train
-        params = [p for _, p in self.trainable_parameters()]
+        params = [p for model in (self.model, *self.peers) for p in model.parameters() if p.requires_grad]
         if settings.optimizer == "adam":
             return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
         return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
@@ -111,7 +125,7 @@ class ClientModule(L.LightningModule):
 def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
     """Lightning's automatic optimisation, step for step, without a Trainer."""
     optimizer = module.configure_optimizers()
-    module.model.train()
+    module.train()
     for _ in range(epochs):
         for i, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
@@ -152,19 +166,19 @@ def train_client(
     spec = task.spec
     received = extract(global_state, spec)
     model.load_state_dict(received, strict=True)
-    for name, param in model.named_parameters():
-        param.requires_grad_(name not in spec.frozen)
-    module = ClientModule(model, method, task, classes)
-    device = module.device_of_model()
+    device = next(model.parameters()).device
     if device.type == "cuda":  # measure this client's training alone, beside the resident weights
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device)
-    # Every global-RNG draw (dropout, user code) is seeded by the client-round, so results do not
-    # depend on which clients ran before on this process.
+    # Every global-RNG draw (peer initialisation, dropout, user code) is seeded by the client-round,
+    # so results do not depend on which clients ran before on this process.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(task.ctx.seed_for(0))
-        DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
+        module = ClientModule(model, method, task, classes)
+        for stage, trainable in enumerate(method.training_stages(task)):
+            module.enter_stage(stage, trainable)
+            DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
     measured_peak = None
     if device.type == "cuda":
         resident = sum(t.numel() * t.element_size() for t in state_tensors(model))

@@ -113,6 +113,13 @@ class FLConfig:
     sbn_samples: int = 4096
     """Training inputs (a fixed seeded sample) from which static batch-norm statistics are recomputed
     before each evaluation; 0: the whole training set, as HeteroFL does (slow on CPU for CIFAR)."""
+    eval_mode: str = "standard"
+    """How the test set is run through the model: standard (batched whole-model forward) or
+    blockwise (FeDepth's memory-efficient inference: one block at a time over the whole set, only
+    that block's weights on the device). Both give the same scores and report `inference_peak_bytes`."""
+    eval_spill_dir: str = ""
+    """blockwise: folder for the kept activations (one file per block, deleted once read); empty
+    keeps them in host memory."""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
@@ -125,6 +132,9 @@ class FLConfig:
         check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine", "step"))
         check_choice("optimizer", self.optimizer, ("sgd", "adam"))
         check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "a number in (0, 1]")
+        check_choice("eval_mode", self.eval_mode, ("standard", "blockwise"))
+        check(not self.eval_spill_dir or self.eval_mode == "blockwise", "eval_spill_dir", self.eval_spill_dir,
+              "empty unless eval_mode is blockwise")
 
     def lr_at(self, round_: int) -> float:
         """Learning rate for (1-based) round `round_`."""

@@ -6,6 +6,11 @@ sub-model's own, as HeteroFL does ("statistics recomputed for evaluation").
 
 A model with early exits is scored at its deepest exit; every exit's accuracy and the accuracy of
 their ensemble (the mean of the exits' softmax outputs, as DepthFL predicts) are reported beside it.
+
+`fl.eval_mode=blockwise` runs the test set through the model one block at a time (FeDepth's
+memory-efficient inference, `hfl.inference`); the scores are the same. Either way the peak memory
+the inference needed is reported as `inference_peak_bytes`, measured the same way for both modes:
+on the CPU the meter's cost was lost in the timing noise, so the standard mode is measured too.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.backends.base import ClientEnvironment, model_norm
-from hfl.models import ScalableModel
+from hfl.inference import blockwise_inference, standard_inference
 from hfl.seeding import SBN_STREAM, derive_seed
-from hfl.submodel.spec import SubmodelSpec, extract, shape_model
+from hfl.submodel.spec import SubmodelSpec, extract
 from hfl.types import StateDict
 
 BATCH = 1024
@@ -32,14 +37,14 @@ class Evaluator:
     def __init__(self, env: ClientEnvironment) -> None:
         self.env = env
         self.static_bn = model_norm(env.config) == "static_bn"
-        self._models: dict[tuple, ScalableModel] = {}
+        self._models: dict[tuple, nn.Module] = {}
 
-    def _model(self, spec: SubmodelSpec) -> ScalableModel:
-        width = self.env.config.model.width if spec.width is None else spec.width
-        key = (width, spec.dropped_blocks, spec.depth)
+    def _model(self, spec: SubmodelSpec) -> nn.Module:
+        method = self.env.method
+        key = method.model_key(spec)
         if key not in self._models:
             # Running statistics always exist at evaluation: loaded, or recomputed for static BN.
-            model = shape_model(self.env.build_model(width, norm="bn"), spec)
+            model = method.client_model(spec, lambda width: self.env.build_model(width, norm="bn"))
             self._models[key] = model.to(self.env.device)
         return self._models[key]
 
@@ -77,15 +82,20 @@ class Evaluator:
         names = [f"exit{b}" for b in model.exit_blocks] + (["head"] if model.head is not None else [])
         correct = torch.zeros(len(names) + 1, dtype=torch.long)  # each exit, then the ensemble
         loss = 0.0
-        for start in range(0, len(y), BATCH):
-            outputs = model.forward_exits(x[start : start + BATCH])
+        fl = self.env.config.fl
+        if fl.eval_mode == "blockwise":
+            inference = blockwise_inference(model, x, BATCH, fl.eval_spill_dir or None)
+        else:
+            inference = standard_inference(model, x, BATCH)
+        for start in range(0, len(y), BATCH):  # the batches of the standard forward: the same sums
+            outputs = [o[start : start + BATCH] for o in inference.outputs]
             target = y[start : start + BATCH]
             loss += float(F.cross_entropy(outputs[-1], target, reduction="sum"))
             ensemble = torch.stack([o.softmax(1) for o in outputs]).mean(0)
             for k, logits in enumerate([*outputs, ensemble]):
                 correct[k] += int((logits.argmax(1) == target).sum())
         accuracy = (correct.double() / len(y)).tolist()
-        scores: dict[str, Any] = {"accuracy": accuracy[-2], "loss": loss / len(y)}
+        scores: dict[str, Any] = {"accuracy": accuracy[-2], "loss": loss / len(y), "inference_peak_bytes": inference.peak_bytes}
         if len(names) > 1:
             scores["exit_accuracy"] = dict(zip(names, accuracy[:-1]))
             scores["ensemble_accuracy"] = accuracy[-1]

@@ -10,6 +10,7 @@ from hfl.accounting.budgets import assign_budgets, parse_width
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.backends import ClientEnvironment
 from hfl.config import ExperimentConfig
+from hfl.types import RoundContext, TrainSettings
 
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 
@@ -25,6 +26,26 @@ def level_rows(env: ClientEnvironment, batch: int) -> list[dict[str, Any]]:
             width = env.config.model.width if spec.width is None else spec.width
             row["peak_bytes"] = env.accountant.cost(width, batch, spec).peak_bytes
     return rows
+
+
+def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
+    """What the method asks of the first client of each tier in round 1, with its estimated peak."""
+    fl = config.fl
+    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
+    rows: dict[str, dict[str, Any]] = {}
+    for client, budget in enumerate(env.budgets):
+        if budget is None or budget.tier in rows:
+            continue
+        samples = len(env.partitions[client])
+        task = env.method.plan(RoundContext(1, client, config.seed, samples, settings, budget), env.method.init_state())
+        cost = None if task is None else env.method.task_cost(task, min(fl.batch_size, samples))
+        rows[budget.tier] = {
+            "tier": budget.tier,
+            "budget_bytes": budget.memory_bytes,
+            "plan": "sits out: nothing fits" if task is None else env.method.describe_task(task),
+            "peak_bytes": None if cost is None else cost.peak_bytes,
+        }
+    return sorted(rows.values(), key=lambda r: r["budget_bytes"] or 0)
 
 
 def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
@@ -71,5 +92,6 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "widths": widths,
         "scenario": config.budgets.scenario,
         "tiers": tiers,
+        "plans": tier_plans(config, env),
         **({"levels": levels} if (levels := level_rows(env, batch)) else {}),
     }

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hfl.accounting import Accountant, optimizer_kind
 from hfl.accounting.budgets import ClientBudget, assign_budgets
@@ -20,7 +20,7 @@ from hfl.methods import Method, ServerResources, build_method
 from hfl.models import ScalableModel, build_model
 from hfl.registry import METHODS
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
-from hfl.submodel.spec import SubmodelSpec, shape_model
+from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
 
@@ -68,7 +68,7 @@ class ClientEnvironment:
     accountant: Accountant
     budgets: list[ClientBudget | None]
     """Every client's budget (None: unlimited), fixed for the run."""
-    _models: dict[tuple, ScalableModel] = field(default_factory=dict)
+    _models: dict[tuple, nn.Module] = field(default_factory=dict)
     _classes: dict[int, Tensor] = field(default_factory=dict)
     """The labels present in each client's data."""
 
@@ -128,12 +128,11 @@ class ClientEnvironment:
         """The method's model (its exits and norms included) at `width`, on the CPU."""
         return self.method.adapt_model(build_model_for(self.config, self.data, width, norm))
 
-    def model(self, spec: SubmodelSpec) -> ScalableModel:
+    def model(self, spec: SubmodelSpec) -> nn.Module:
         """A client model of the spec's shape, built once per process and reused by every client."""
-        width = self.config.model.width if spec.width is None else spec.width
-        key = (width, spec.dropped_blocks, spec.depth)
+        key = self.method.model_key(spec)
         if key not in self._models:
-            self._models[key] = shape_model(self.build_model(width), spec).to(self.device)
+            self._models[key] = self.method.client_model(spec, self.build_model).to(self.device)
         return self._models[key]
 
     def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
@@ -156,8 +155,8 @@ class ClientEnvironment:
 
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
         """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""
-        ctx, spec = task.ctx, task.spec
-        cost = self.method.training_cost(spec, min(ctx.train.batch_size, ctx.num_samples))
+        ctx = task.ctx
+        cost = self.method.task_cost(task, min(ctx.train.batch_size, ctx.num_samples))
         budget = ctx.budget
         return {
             "tier": budget.tier if budget else None,

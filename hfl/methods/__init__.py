@@ -14,6 +14,7 @@ from hfl.methods import (  # noqa: F401  (registers the methods)
     fjord,
     heterofl,
     scalefl,
+    splitmix,
 )
 from hfl.methods.base import Method, MethodConfig, MethodState, ServerResources
 from hfl.models.base import ScalableModel

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
 from hfl.accounting.cost import TrainingCost
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
-from hfl.submodel.spec import SubmodelSpec, full_spec
+from hfl.submodel.spec import SubmodelSpec, full_spec, shape_model
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 if TYPE_CHECKING:
@@ -76,10 +76,36 @@ class Method:
         width = self.model.width if spec.width is None else spec.width
         return self.accountant.cost(width, batch_size, spec)
 
+    def task_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
+        """What the client-round `task` costs per step: `training_cost` of its spec, unless the task
+        trains in stages (FeDepth: the peak of its block groups, the FLOPs of all of them)."""
+        return self.training_cost(task.spec, batch_size)
+
+    def training_stages(self, task: ClientTask) -> Sequence[frozenset[str] | None]:
+        """Parameter names trained one stage after the other, each stage for the round's local
+        epochs with a fresh optimiser (FeDepth's block groups); None: every parameter the spec does
+        not freeze. The objective reads the current stage's index as `client.stage`."""
+        return (None,)
+
+    def peer_models(self, task: ClientTask, model: nn.Module) -> list[nn.Module]:
+        """Models a client trains beside the one it uploads, alive for this client-round only
+        (m-FeDepth's mutual-distillation peers); built on `model`'s device. None by default."""
+        return []
+
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         """Change a freshly built model (the global one, each client's, each evaluated one) the way
         this method needs: add early exits, a norm per width. Must give equal models equal changes."""
         return model
+
+    def model_key(self, spec: SubmodelSpec) -> tuple:
+        """What makes client models differ in structure: specs with equal keys share one built
+        model (`client_model`), loaded with each client's weights."""
+        return (self.model.width if spec.width is None else spec.width, spec.dropped_blocks, spec.depth)
+
+    def client_model(self, spec: SubmodelSpec, build: Callable[[float], ScalableModel]) -> nn.Module:
+        """A model of `spec`'s structure from `build(width)` (the method's model, adapted): by default
+        the model at the spec's width with its depth structure; SplitMix assembles several."""
+        return shape_model(build(self.model.width if spec.width is None else spec.width), spec)
 
     def initial_global_state(self, build: Callable[[float], ScalableModel]) -> StateDict:
         """The global state before round 1, from `build(width)` (the method's model, freshly
@@ -107,6 +133,12 @@ class Method:
         self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
     ) -> tuple[StateDict, MethodState]:
         return masked_weighted_mean(global_state, updates), state
+
+    def describe_task(self, task: ClientTask) -> str:
+        """One line on what a client trains, for `hfl budget`'s per-tier plans."""
+        if not task.options:
+            return "the whole model" if not task.spec.indices and not task.spec.absent else str(task.spec.describe())
+        return ", ".join(f"{k}={v}" for k, v in task.options.items())
 
     def level_table(self) -> list[dict[str, Any]]:
         """Rows `hfl budget` prints about the sub-models or levels this method defines (ScaleFL's

@@ -40,14 +40,29 @@ class SubmodelSpec:
     prefix: str = ""
     """Where the client's model lives in the global state, for methods that keep several models
     there (Decoupled: `x0.5.` + key). The other fields name keys without it."""
+    places: tuple[tuple[str, str], ...] = ()
+    """(client prefix, global prefix) pairs, for a client model assembled from several models of
+    the global state (SplitMix: client `bases.0.` + key is global `bases.3.` + key); used instead of
+    `prefix`, and the other fields then name client keys, client prefixes included."""
+
+    def __post_init__(self) -> None:
+        if self.prefix and self.places:
+            raise ValueError("a spec gives either one `prefix` or `places`, not both")
+
+    def _places(self) -> tuple[tuple[str, str], ...]:
+        return self.places or (("", self.prefix),)
 
     def global_key(self, key: str) -> str:
-        return self.prefix + key
+        for client, glob in self._places():
+            if key.startswith(client):
+                return glob + key[len(client) :]
+        raise KeyError(f"client key {key!r} lies under none of the spec's places {list(self.places)}")
 
     def client_items(self, global_state: Mapping[str, Tensor]) -> Iterable[tuple[str, Tensor]]:
-        """(client key, global tensor) of every global entry under the prefix."""
-        cut = len(self.prefix)
-        return ((k[cut:], v) for k, v in global_state.items() if k.startswith(self.prefix))
+        """(client key, global tensor) of every global entry under the prefix (or places)."""
+        for client, glob in self._places():
+            cut = len(glob)
+            yield from ((client + k[cut:], v) for k, v in global_state.items() if k.startswith(glob))
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary for metrics."""

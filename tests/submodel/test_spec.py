@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from hfl.models import build_model
-from hfl.submodel import drop_blocks, extract, full_spec, scatter, width_spec
+from hfl.submodel import (
+    SubmodelSpec,
+    drop_blocks,
+    extract,
+    full_spec,
+    scatter,
+    width_spec,
+)
 
 MODELS = ["cnn", "preresnet20", "resnet18"]
 
@@ -82,3 +89,21 @@ def test_depth_spec_drops_exactly_the_block_tensors():
     client.load_state_dict(sub, strict=True)
     assert {k for k in model.state_dict() if k not in sub} == spec.absent
     assert all(k.startswith(tuple(f"body.{i}." for i in droppable)) for k in spec.absent)
+
+
+def test_places_map_client_models_to_models_of_the_global_state():
+    """A client model assembled from several global models (SplitMix's bases): extract reads each
+    from its global prefix, scatter writes it back there, the other models stay uncovered."""
+    single = build_model("cnn", 1, 10, 0.25).state_dict()
+    state = {f"m.{i}.{k}": v + i for i in range(3) for k, v in single.items()}
+    spec = SubmodelSpec(places=(("c.0.", "m.2."), ("c.1.", "m.0.")))
+    sub = extract(state, spec)
+    assert set(sub) == {f"c.{j}.{k}" for j in range(2) for k in single}
+    assert torch.equal(sub["c.0.head.fc.weight"], state["m.2.head.fc.weight"])
+    assert spec.global_key("c.1.head.fc.bias") == "m.0.head.fc.bias"
+    values, coverage = scatter(sub, spec, state)
+    for key, tensor in state.items():
+        held = not key.startswith("m.1.")
+        assert bool(coverage[key].all()) == held and (not held or torch.equal(values[key], tensor))
+    with pytest.raises(ValueError, match="places"):
+        SubmodelSpec(prefix="x.", places=(("c.0.", "m.0."),))
