@@ -9,6 +9,7 @@ from hfl.methods import (  # noqa: F401  (registers the methods)
     depthfl,
     fedavg,
     feddf,
+    fedepth,
     fedprox,
     fedrolex,
     fjord,

@@ -53,6 +53,9 @@ def by_params(outcome) -> dict:
 
 # -- the sweep file, no Ray -------------------------------------------------------------------------
 def test_shipped_sweeps_load():
+    scenarios = load_sweep(ROOT / "tune_spaces" / "fedepth_scenarios.yaml")
+    assert {d.path: len(d.values) for d in scenarios.space.values()} == {"method.name": 2, "data.alpha": 2, "budgets.scenario": 3}
+    assert scenarios.trial_config({"method.name": "mfedepth", "data.alpha": 1.0, "budgets.scenario": "lack"}).method.max_models == 2
     quick = load_sweep(ROOT / "tune_spaces" / "quickstart.yaml")
     assert list(quick.space) == ["fl.lr", "data.alpha"] and quick.metric == "accuracy" and quick.mode == "max"
     assert len(quick.space["fl.lr"].values) * len(quick.space["data.alpha"].values) * quick.num_samples == 4

@@ -1,0 +1,321 @@
+"""FeDepth and m-FeDepth — Zhang, Dai, Wang, Xing, Chen and Sun, "Memory-adaptive Depth-wise
+Heterogeneous Federated Learning", AAAI 2024 (arXiv:2303.04887).
+
+Every client trains the whole model, one group of consecutive blocks at a time. The groups come from
+the client's memory budget and the accountant's per-block training memory (`decompose`, the paper's
+Figure 3): blocks are packed in order while the group's estimated memory fits. For group j the
+earlier blocks are frozen and run without saving activations, the group is trained together with the
+head, and the group's output reaches the head through a skip connection over the remaining blocks
+(problem (1)); the head trained with group j is the starting point for group j+1 (Algorithm 1).
+`connector=auxiliary` trains an auxiliary classifier after the group instead (the alternative the
+paper names). A block that does not fit even alone is never trained by that client but still runs
+forward (partial training); the server averages each tensor over the clients that trained it.
+
+m-FeDepth (`mfedepth`): a client whose budget holds M > 1 models, each trained depth-wise with every
+block, trains M of them with mutual knowledge distillation, mean cross-entropy plus
+1/(M-1) sum over ordered pairs of KL(h^m' || h^m), and uploads one.
+
+Deliberate choices where the paper is silent:
+- The skip connection is the parameter-free shortcut of He et al. (2016): the group's output is
+  subsampled to (about) the head's resolution and its channels zero-padded to the head's; the head
+  pools globally, so only its channel count must match.
+- Each group is trained for the round's local epochs, so a client makes as many updates per block
+  as FedAvg ("the same number of local updates"); each group starts a fresh optimiser.
+- Frozen blocks run in training mode (batch statistics, as when they were trained this round).
+- m-FeDepth's peers start every client-round from fresh seeded initialisations and are discarded
+  after it: copies of the global model trained on the same batches would stay identical (the
+  distillation term has zero gradient there), and mutual learning trains differently initialised
+  students. The model that started from the global weights is the one uploaded. M is the largest
+  number of models, up to `max_models`, for which every block fits.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hfl.accounting.accountant import Accountant
+from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.config import check, check_choice
+from hfl.methods.base import Method, MethodConfig, MethodState
+from hfl.methods.depthfl import mutual_distillation
+from hfl.models.base import EXIT_KINDS, ScalableModel
+from hfl.registry import METHODS
+from hfl.submodel.spec import freeze, full_spec
+from hfl.types import ClientTask, RoundContext
+
+if TYPE_CHECKING:
+    from hfl.client import ClientModule
+
+log = logging.getLogger(__name__)
+
+CONNECTORS = ("skip", "auxiliary")
+Group = tuple[int, int]
+"""First and last body block of a group, inclusive."""
+
+
+def decompose(block_costs: Sequence[float], budget: float) -> tuple[list[Group], list[int]]:
+    """Memory-adaptive decomposition (Figure 3): consecutive blocks are packed into one group while
+    the sum of their costs fits `budget`; a block that does not fit alone is skipped (partial
+    training) and ends the group before it. Returns (groups, skipped blocks)."""
+    groups: list[Group] = []
+    skipped: list[int] = []
+    first, used = None, 0.0
+    for block, cost in enumerate(block_costs):
+        if first is not None and used + cost <= budget:
+            used += cost
+            continue
+        if first is not None:
+            groups.append((first, block - 1))
+            first = None
+        if cost <= budget:
+            first, used = block, cost
+        else:
+            skipped.append(block)
+    if first is not None:
+        groups.append((first, len(block_costs) - 1))
+    return groups, skipped
+
+
+def skip_to_head(h: Tensor, head_shape: Sequence[int]) -> Tensor:
+    """He et al.'s parameter-free shortcut from a group's output to the head's input shape
+    (channels, height, width): strided subsampling, then zero channels appended."""
+    channels, height, width = head_shape
+    step_h, step_w = -(-h.shape[2] // height), -(-h.shape[3] // width)
+    if step_h > 1 or step_w > 1:
+        h = h[:, :, ::step_h, ::step_w]
+    if h.shape[1] > channels:
+        raise ValueError(f"a group's output has {h.shape[1]} channels, more than the head's {channels}")
+    return F.pad(h, (0, 0, 0, 0, 0, channels - h.shape[1])) if h.shape[1] < channels else h
+
+
+def block_output_shapes(model: ScalableModel, input_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """(channels, height, width) after every body block, from a forward pass on the meta device."""
+    probe = copy.deepcopy(model).to("meta").eval()
+    h = probe.stem(torch.empty(1, *input_shape, device="meta"))
+    shapes = []
+    for block in probe.body:
+        h = block(h)
+        shapes.append(tuple(h.shape[1:]))
+    return shapes
+
+
+def mutual_learning_loss(logits: Sequence[Tensor], y: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
+    """m-FeDepth's objective: the models' mean cross-entropy plus 1/(M-1) sum over ordered pairs
+    m != m' of KL(h^m' || h^m), each model learning from the others' detached predictions; plain
+    cross-entropy for one model (FeDepth)."""
+    ce = torch.stack([F.cross_entropy(z, y) for z in logits]).mean()
+    if len(logits) == 1:
+        return {"loss": ce}
+    distill = mutual_distillation(list(logits), temperature)
+    return {"loss": ce + distill, "ce": ce.detach(), "distillation": distill.detach()}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one budget trains the model: models trained together, block groups in order, skipped blocks."""
+
+    models: int
+    groups: tuple[Group, ...]
+    skipped: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FeDepthConfig(MethodConfig):
+    name: str = "fedepth"
+    connector: str = "skip"
+    """How a group reaches a classifier: 'skip' (a skip connection to the head) or 'auxiliary'
+    (an auxiliary classifier after every block; the head after the last)."""
+    exit_kind: str = "linear"
+    """Auxiliary classifier: 'linear' (pooling and a linear layer) or 'bottleneck'."""
+    max_models: int = 1
+    """Most models a client trains with mutual distillation (m-FeDepth); 1: FeDepth."""
+    temperature: float = 1.0
+    """Softmax temperature of the mutual distillation (scaled back by T^2)."""
+
+    def __post_init__(self) -> None:
+        check_choice("connector", self.connector, CONNECTORS)
+        check_choice("exit_kind", self.exit_kind, EXIT_KINDS)
+        check(self.max_models >= 1, "max_models", self.max_models, "an integer >= 1")
+        check(self.temperature > 0, "temperature", self.temperature, "a positive number")
+
+
+@METHODS.register("fedepth")
+class FeDepth(Method):
+    Config = FeDepthConfig
+    paper = "Zhang, Dai, Wang, Xing, Chen and Sun, AAAI 2024 (arXiv:2303.04887)"
+    preferred_norm = "bn"  # every client trains the whole model: running statistics stay valid
+
+    def __init__(self, config: FeDepthConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
+        super().__init__(config, model, accountant)
+        self.num_blocks = len(model.blocks())
+        self._stage_costs: dict[tuple, TrainingCost] = {}
+        self._layouts: dict[tuple, Layout | None] = {}
+        self._shapes: dict[tuple, list[tuple[int, ...]]] = {}
+
+    def adapt_model(self, model: ScalableModel) -> ScalableModel:
+        if self.config.connector == "auxiliary":
+            model.add_exits(range(len(model.blocks()) - 1), self.config.exit_kind)
+        return model
+
+    # -- the stage a client trains ------------------------------------------------------------
+    def classifier(self, model: ScalableModel, last: int) -> nn.Module:
+        """The classifier a group ending at block `last` trains with."""
+        if self.config.connector == "auxiliary" and last < self.num_blocks - 1:
+            return model.exits[str(last)]
+        return model.head
+
+    def stage_logits(self, model: ScalableModel, x: Tensor, group: Group) -> Tensor:
+        """Problem (1)'s forward: frozen blocks without saved activations, the group, then its classifier."""
+        first, last = group
+        with torch.no_grad():
+            h = x
+            if first > 0:
+                h = model.stem(x)
+                for i in range(first):
+                    h = model.body[i](h)
+        if first == 0:
+            h = model.stem(h)
+        for i in range(first, last + 1):
+            h = model.body[i](h)
+        classifier = self.classifier(model, last)
+        if classifier is model.head:
+            h = skip_to_head(h, self.head_input_shape(model, x.shape[1:]))
+        return classifier(h)
+
+    def head_input_shape(self, model: ScalableModel, input_shape: Sequence[int]) -> tuple[int, ...]:
+        key = tuple(input_shape)
+        if key not in self._shapes:
+            self._shapes[key] = block_output_shapes(model, input_shape)
+        return self._shapes[key][-1]
+
+    def stage_loss(self, models: Sequence[ScalableModel], x: Tensor, y: Tensor, group: Group) -> dict[str, Tensor]:
+        return mutual_learning_loss([self.stage_logits(m, x, group) for m in models], y, self.config.temperature)
+
+    def stage_modules(self, model: ScalableModel, group: Group) -> list[nn.Module]:
+        first, last = group
+        return [*([model.stem] if first == 0 else []), *(model.body[i] for i in range(first, last + 1)), self.classifier(model, last)]
+
+    def stage_parameters(self, model: ScalableModel, group: Group) -> frozenset[str]:
+        names = {id(p): n for n, p in model.named_parameters()}
+        return frozenset(names[id(p)] for module in self.stage_modules(model, group) for p in module.parameters())
+
+    # -- costs and the decomposition ----------------------------------------------------------
+    def stage_cost(self, group: Group, models: int, batch_size: int) -> TrainingCost:
+        """Measured memory and FLOPs of one step of `group` with `models` models resident and trained."""
+        key = (group, models, batch_size)
+        if key not in self._stage_costs:
+            if self.accountant is None:
+                raise RuntimeError("FeDepth's decomposition needs an accountant (ClientEnvironment gives it one)")
+            model = self.adapt_model(self.accountant.build(self.model.width))
+            self.head_input_shape(model, self.accountant.input_shape)  # shapes first: not part of the measurement
+            trainable = self.stage_parameters(model, group)
+            for name, param in model.named_parameters():
+                param.requires_grad_(name in trainable)
+            ensemble = nn.ModuleList([model, *(copy.deepcopy(model) for _ in range(models - 1))])
+
+            def step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+                return self.stage_loss(list(m), x, y, group)["loss"]
+
+            self._stage_costs[key] = measure_training_cost(
+                ensemble, self.accountant.input_shape, self.accountant.num_classes, batch_size, self.accountant.optimizer, step=step
+            )
+        return self._stage_costs[key]
+
+    def block_costs(self, models: int, batch_size: int) -> tuple[list[int], int]:
+        """(each block's own training memory, the memory every group shares): the fixed part is the
+        resident weights and one input batch; a block's part is its saved activations (and its
+        classifier's), its gradients and optimiser state, and its classifier's."""
+        fixed = 0
+        costs = []
+        for block in range(self.num_blocks):
+            cost = self.stage_cost((block, block), models, batch_size)
+            fixed = cost.param_bytes + cost.input_bytes
+            costs.append(cost.peak_bytes - fixed)
+        return costs, fixed
+
+    def layout_for(self, budget: int | None, batch_size: int) -> Layout | None:
+        """The models and block groups a budget trains; None when not even one block fits."""
+        key = (budget, batch_size)
+        if key not in self._layouts:
+            self._layouts[key] = self._layout(budget, batch_size)
+        return self._layouts[key]
+
+    def _layout(self, budget: int | None, batch_size: int) -> Layout | None:
+        if budget is None or self.accountant is None:
+            return Layout(self.config.max_models, ((0, self.num_blocks - 1),), ())
+        for models in range(self.config.max_models, 0, -1):
+            costs, fixed = self.block_costs(models, batch_size)
+            groups, skipped = decompose(costs, budget - fixed)
+            if groups and (models == 1 or not skipped):
+                return Layout(models, tuple(groups), tuple(skipped))
+        return None
+
+    def task_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
+        """The peak over the client's groups; the FLOPs of all of them (each runs the local epochs)."""
+        costs = [self.stage_cost(g, task.options["models"], batch_size) for g in task.options["groups"]]
+        peak = max(costs, key=lambda c: c.peak_bytes)
+        return replace(
+            peak,
+            forward_flops_per_sample=sum(c.forward_flops_per_sample for c in costs),
+            backward_flops_per_sample=sum(c.backward_flops_per_sample for c in costs),
+        )
+
+    # -- the method's roles -------------------------------------------------------------------
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
+        budget = ctx.budget.memory_bytes if ctx.budget else None
+        layout = self.layout_for(budget, min(ctx.train.batch_size, ctx.num_samples))
+        if layout is None:
+            log.info("client %d: no block fits its budget of %d bytes", ctx.client_id, budget)
+            return None
+        if layout.skipped:
+            log.debug("client %d skips blocks %s (partial training)", ctx.client_id, list(layout.skipped))
+        trained = [m for g in layout.groups for m in self.stage_modules(self.model, g)]
+        held = {id(t) for module in trained for t in (*module.parameters(), *module.buffers())}
+        untrained = [k for k, t in self.model.state_dict(keep_vars=True).items() if id(t) not in held]
+        spec = freeze(full_spec(), untrained)
+        return ClientTask(ctx, spec, {"groups": layout.groups, "models": layout.models, "skipped": layout.skipped})
+
+    def describe_task(self, task: ClientTask) -> str:
+        """E.g. "blocks 4 | 5 | 6-9, skips 1-3; 2 models" (blocks counted from 1, as `hfl budget`)."""
+        def span(first: int, last: int) -> str:
+            return f"{first + 1}" if first == last else f"{first + 1}-{last + 1}"
+
+        text = "blocks " + " | ".join(span(*g) for g in task.options["groups"])
+        if task.options["skipped"]:
+            text += ", skips " + ", ".join(str(b + 1) for b in task.options["skipped"])
+        return text + (f"; {task.options['models']} models" if task.options["models"] > 1 else "")
+
+    def training_stages(self, task: ClientTask) -> list[frozenset[str]]:
+        return [self.stage_parameters(self.model, g) for g in task.options["groups"]]
+
+    def peer_models(self, task: ClientTask, model: nn.Module) -> list[nn.Module]:
+        if task.options["models"] == 1:
+            return []
+        if self.server is None:
+            raise RuntimeError("m-FeDepth's peers need the environment's model builder (ClientEnvironment sets it)")
+        device = next(model.parameters()).device
+        return [self.server.build_model(self.model.width).to(device) for _ in range(task.options["models"] - 1)]
+
+    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        group = client.task.options["groups"][client.stage]
+        return self.stage_loss([client.model, *client.peers], x, y, group)
+
+
+@dataclass(frozen=True)
+class MFeDepthConfig(FeDepthConfig):
+    name: str = "mfedepth"
+    max_models: int = 2
+    """Most models a client trains with mutual distillation; the budget decides how many fit."""
+
+
+@METHODS.register("mfedepth")
+class MFeDepth(FeDepth):
+    Config = MFeDepthConfig

@@ -1,0 +1,182 @@
+"""FeDepth and m-FeDepth: the decomposition, depth-wise sequential training, partial training, the
+mutual-distillation loss, and budgets kept in every scenario."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hfl.backends.base import ClientEnvironment
+from hfl.methods.fedepth import decompose, mutual_learning_loss, skip_to_head
+from hfl.server import initial_state, run_experiment, train_settings
+from hfl.types import RoundContext
+from tests.conftest import small_config
+
+GB = 10**9
+
+
+def test_figure_3_decomposition():
+    costs = [3 * GB, 2 * GB, 1 * GB, GB // 2, GB // 2, GB // 2]
+    assert decompose(costs, 3 * GB) == ([(0, 0), (1, 2), (3, 5)], [])
+    assert decompose(costs, 5 * GB) == ([(0, 1), (2, 5)], [])
+
+
+def test_blocks_too_large_alone_are_skipped():
+    costs = [3 * GB, 2 * GB, 1 * GB, GB // 2, GB // 2, GB // 2]
+    assert decompose(costs, int(2.5 * GB)) == ([(1, 1), (2, 5)], [0])
+    assert decompose(costs, GB // 4) == ([], [0, 1, 2, 3, 4, 5])
+
+
+def test_skip_connection_subsamples_and_pads_to_the_head_shape():
+    h = torch.randn(2, 16, 32, 32)
+    out = skip_to_head(h, (64, 8, 8))
+    assert out.shape == (2, 64, 8, 8)
+    assert torch.equal(out[:, :16], h[:, :, ::4, ::4]) and not out[:, 16:].any()
+    assert skip_to_head(h, (16, 32, 32)) is h
+
+
+def test_mutual_learning_loss_of_a_hand_made_pair():
+    a = torch.tensor([[2.0, 0.5, -1.0], [0.1, 0.2, 0.3]])
+    b = torch.tensor([[1.0, 1.0, 0.0], [-0.5, 0.0, 2.0]])
+    y = torch.tensor([0, 2])
+
+    def kl(p_logits, q_logits):  # KL(p || q), batch mean
+        p, q = p_logits.softmax(1), q_logits.softmax(1)
+        return float((p * (p.log() - q.log())).sum(1).mean())
+
+    ce = (float(F.cross_entropy(a, y)) + float(F.cross_entropy(b, y))) / 2
+    terms = mutual_learning_loss([a, b], y)
+    # M = 2: 1/(M-1) = 1, and each model learns from the other's prediction.
+    assert float(terms["loss"]) == pytest.approx(ce + kl(b, a) + kl(a, b), rel=1e-5)
+    assert float(mutual_learning_loss([a], y)["loss"]) == pytest.approx(float(F.cross_entropy(a, y)))
+
+
+def env_and_tasks(method, scenario):
+    """PreResNet-20 on 32x32 inputs, where activations, not weights, dominate training memory (on
+    digits' 8x8 the whole model's weights exceed the narrow tiers' budgets: nothing fits them)."""
+    config = small_config(method={"name": method}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
+                          data={"name": "synthetic"})
+    env = ClientEnvironment.from_config(config)
+    settings = train_settings(config.fl, 1)
+    tasks = {}
+    for client, budget in enumerate(env.budgets):
+        ctx = RoundContext(1, client, config.seed, len(env.partitions[client]), settings, budget)
+        tasks.setdefault(budget.tier, (ctx, env.method.plan(ctx, {})))
+    return config, env, tasks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedepth", "mfedepth"])
+@pytest.mark.parametrize("scenario", ["fair", "lack", "surplus"])
+def test_estimated_peak_fits_every_budget_where_the_full_model_does_not(method, scenario):
+    config, env, tasks = env_and_tasks(method, scenario)
+    full_model_too_big = 0
+    for ctx, task in tasks.values():
+        assert task is not None
+        batch = min(config.fl.batch_size, ctx.num_samples)
+        assert env.method.task_cost(task, batch).peak_bytes <= ctx.budget.memory_bytes
+        full_model_too_big += env.accountant.cost(1.0, batch).peak_bytes > ctx.budget.memory_bytes
+    assert full_model_too_big >= 2  # the narrow tiers could not train the whole model at once
+
+
+def test_lack_tier_skips_the_input_blocks_and_leaves_them_untouched():
+    config, env, tasks = env_and_tasks("fedepth", "lack")
+    _ctx, task = tasks["w1_8"]
+    skipped = task.options["skipped"]
+    assert skipped and skipped[0] == 0 and list(skipped) == list(range(len(skipped)))  # the input side
+    start = initial_state(config, env).global_state
+    update = env.train(start, task)
+    skipped_keys = {k for k in start if k.startswith("stem.") or any(k.startswith(f"body.{b}.") for b in skipped)}
+    assert skipped_keys and not skipped_keys & set(update.state)  # never sent back
+    new, _ = env.method.aggregate(start, [update], env.method.init_state())
+    for key in skipped_keys:
+        assert torch.equal(new[key], start[key]), key
+    trained = f"body.{task.options['groups'][0][0]}.conv1.weight"
+    assert not torch.equal(new[trained], start[trained])
+
+
+def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch):
+    config, env, tasks = env_and_tasks("fedepth", "fair")
+    _ctx, task = tasks["w1_3"]
+    assert len(task.options["groups"]) >= 2
+    method = env.method
+    seen: list[tuple[int, torch.Tensor]] = []
+    original = method.objective
+
+    def spy(client, x, y):
+        seen.append((client.stage, client.model.head.fc.weight.detach().clone()))
+        trainable = {n for n, p in client.model.named_parameters() if p.requires_grad}
+        assert trainable == method.stage_parameters(client.model, task.options["groups"][client.stage])
+        return original(client, x, y)
+
+    monkeypatch.setattr(method, "objective", spy)
+    start = initial_state(config, env).global_state
+    env.train(start, task)
+    stages = [s for s, _ in seen]
+    assert stages == sorted(stages) and set(stages) == set(range(len(task.options["groups"])))
+    first_of_stage_1 = next(i for i, (s, _) in enumerate(seen) if s == 1)
+    assert torch.equal(seen[0][1], start["head.fc.weight"])
+    assert not torch.equal(seen[first_of_stage_1][1], start["head.fc.weight"])  # carried over, not reset
+
+
+def test_surplus_clients_train_peers_and_upload_one_model():
+    config, env, tasks = env_and_tasks("mfedepth", "surplus")
+    _ctx, task = tasks["w2"]
+    assert task.options["models"] >= 2
+    start = initial_state(config, env).global_state
+    update = env.train(start, task)
+    assert set(update.state) == set(start)  # one model's worth, the whole model
+    assert update.metrics["bytes_up"] == update.metrics["bytes_down"]
+
+
+def test_auxiliary_classifiers_variant_trains_the_exit_after_each_group(tmp_path):
+    config = small_config(method={"name": "fedepth", "connector": "auxiliary"}, model={"name": "preresnet20"},
+                          budgets={"scenario": "fair"}, data={"name": "synthetic"}, fl={"rounds": 1, "clients": 4, "fraction": 1.0})
+    env = ClientEnvironment.from_config(config)
+    budget = next(b for b in env.budgets if b.tier == "w1_3")
+    ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1), budget)
+    task = env.method.plan(ctx, {})
+    ends = {last for _, last in task.options["groups"]}
+    exits = {int(k.split(".")[1]) for k in env.method.model.state_dict() if k.startswith("exits.")}
+    held = {int(k.split(".")[1]) for k in env.method.model.state_dict() if k.startswith("exits.") and k not in task.spec.frozen}
+    assert held == ends - {max(exits) + 1} and held < exits
+    summary = run_experiment(config, tmp_path)
+    assert summary["budget_violations"] == 0 and summary["client_rounds"] == 4
+
+
+@pytest.mark.slow
+def test_without_budgets_fedepth_is_fedavg(tmp_path):
+    fedavg = run_experiment(small_config(model={"name": "preresnet20"}), tmp_path / "fedavg")
+    fedepth = run_experiment(small_config(method={"name": "fedepth"}, model={"name": "preresnet20"}), tmp_path / "fedepth")
+    assert fedepth["final_accuracy"] == fedavg["final_accuracy"]
+    assert fedepth["final_loss"] == fedavg["final_loss"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("scenario", ["fair", "lack"])
+def test_measured_cuda_peak_stays_within_the_budget(scenario):
+    config = small_config(method={"name": "fedepth"}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
+                          backend={"device": "cuda"}, fl={"batch_size": 64})
+    env = ClientEnvironment.from_config(config)
+    start = {k: v.cuda() for k, v in initial_state(config, env).global_state.items()}
+    settings = train_settings(config.fl, 1)
+    for client, budget in enumerate(env.budgets):
+        ctx = RoundContext(1, client, config.seed, len(env.partitions[client]), settings, budget)
+        update = env.train(start, env.method.plan(ctx, {}))
+        assert update.metrics["measured_peak_bytes"] <= budget.memory_bytes
+
+
+def test_budget_command_shows_each_tiers_decomposition(tmp_path, capsys):
+    import json
+
+    from hfl.cli import main
+    from tests.conftest import QUICKSTART
+
+    out = tmp_path / "budget.json"
+    assert main(["budget", str(QUICKSTART), "method.name=fedepth", "model.name=preresnet20", "data.name=synthetic",
+                 "budgets.scenario=lack", "fl.batch_size=64", "--json", str(out)]) == 0
+    assert "What a client of each tier trains (fedepth" in capsys.readouterr().out
+    plans = {p["tier"]: p for p in json.loads(out.read_text())["plans"]}
+    assert set(plans) == {"w1_8", "w1_6", "w1_2", "w1"}
+    assert "skips 1" in plans["w1_8"]["plan"] and "skips" not in plans["w1"]["plan"]
+    assert all(p["peak_bytes"] <= p["budget_bytes"] for p in plans.values())
