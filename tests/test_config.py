@@ -50,7 +50,7 @@ def test_missing_file_is_a_config_error(tmp_path):
 def test_cli_reports_bad_config_in_one_line_with_exit_code_2():
     result = subprocess.run(
         [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "data.alpha=-1"],
-        capture_output=True, text=True, cwd=ROOT, env=cli_env(),
+        capture_output=True, text=True, cwd=ROOT, env=cli_env(), check=False,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -16,7 +16,7 @@ def test_report_compares_runs(tmp_path, capsys):
     run_experiment(small_config(method={"name": "fedprox", "mu": 0.1}, model={"width": 0.5}, fl={"rounds": 2}), tmp_path / "prox")
     assert main(["report", str(tmp_path / "avg"), str(tmp_path / "prox"), "--out", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "report.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| avg") or line.startswith("| prox")]
+    rows = [line for line in text.splitlines() if line.startswith(("| avg", "| prox"))]
     assert len(rows) == 2
     assert "| fedavg | digits | dirichlet α=0.5 | fair |" in rows[0] and "| fedprox |" in rows[1]
     for name in ("accuracy_by_round.png", "accuracy_by_memory.png"):

@@ -181,7 +181,7 @@ class RayBackend:
                 except ray.exceptions.RayActorError as error:
                     failed.append(self._failure(tasks[i], "actor died", error))
                     replace(name, actor)
-                except Exception as error:  # the client's own error (including CUDA out of memory)
+                except Exception as error:  # noqa: BLE001 - the client's own error (including CUDA out of memory)
                     failed.append(self._failure(tasks[i], "raised", error))
                     idle[name].append(actor)
                 submit(name)

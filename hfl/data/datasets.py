@@ -206,7 +206,7 @@ def _cached(name: str, cache_dir: str, decode: Callable[[], Decoded]) -> ImageDa
     if path.is_file():
         try:
             blob = torch.load(path, weights_only=True)
-        except Exception as err:  # a corrupt cache must not block loading: decode again instead
+        except Exception as err:  # noqa: BLE001 - a corrupt cache must not block loading: decode again instead
             logger.warning("ignoring unreadable cache %s (%s); decoding %s again", path, err, name)
         else:
             if isinstance(blob, dict) and blob.get("format") == _CACHE_FORMAT and blob.get("name") == name:

@@ -5,7 +5,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hfl.accounting.budgets import SCENARIOS, BudgetResolver, _absolute, assign_budgets, assign_tiers, parse_width, tiers_of
+from hfl.accounting.budgets import (
+    SCENARIOS,
+    BudgetResolver,
+    _absolute,
+    assign_budgets,
+    assign_tiers,
+    parse_width,
+    tiers_of,
+)
 from hfl.backends import ClientEnvironment
 from hfl.config import load_config
 from hfl.errors import ConfigError

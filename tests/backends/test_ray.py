@@ -4,9 +4,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from hfl.loggers import read_metrics  # noqa: E402
-from hfl.server import run_experiment  # noqa: E402
-from tests.conftest import small_config  # noqa: E402
+from hfl.loggers import read_metrics
+from hfl.server import run_experiment
+from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from hfl.data import ImageDataset, SyntheticSpec, default_cache_dir, default_data_root, load_dataset
+from hfl.data import (
+    ImageDataset,
+    SyntheticSpec,
+    default_cache_dir,
+    default_data_root,
+    load_dataset,
+)
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
 
