@@ -57,7 +57,13 @@ def check_resumable(config: Any, out: Path) -> None:
     # that tuples and lists compare equal.
     saved = read_yaml_mapping(out / "config.yaml", "--resume", "the run's config.yaml")
     now, before = flatten(yaml.safe_load(yaml.safe_dump(config.to_dict()))), flatten(saved)
-    changed = [k for k in sorted(set(now) | set(before)) if now.get(k) != before.get(k) and not k.startswith(RESUMABLE_CHANGES)]
+    # A field added to hfl after the run was written is absent there: at its default it changes nothing.
+    defaults = flatten(yaml.safe_load(yaml.safe_dump(type(config)().to_dict())))
+    changed = [
+        k for k in sorted(set(now) | set(before))
+        if now.get(k) != before.get(k) and not k.startswith(RESUMABLE_CHANGES)
+        and not (k not in before and k in defaults and now[k] == defaults[k])
+    ]
     if changed:
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ConfigError("--resume", str(out), f"the same config as the run being resumed (differs in {shown})")

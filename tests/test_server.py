@@ -90,3 +90,17 @@ def test_resume_refuses_a_changed_config(tmp_path):
     assert main(["run", str(config_path), "fl.rounds=2", "--resume", str(tmp_path)]) == 0  # more rounds is fine
     assert len(read_metrics(tmp_path)) == 2
     assert main(["run", str(config_path), "data.alpha=0.9", "--resume", str(tmp_path)]) == 2
+
+
+def test_resume_accepts_a_run_written_before_a_field_existed(tmp_path):
+    import yaml
+
+    run_experiment(small_config(fl={"rounds": 1}), tmp_path)
+    from hfl.cli import main
+
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["model"]["pretrained"]  # as written by an hfl that had no such field
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["run", str(tmp_path / "config.yaml"), "fl.rounds=2", "--resume", str(tmp_path)]) == 0
+    # a field the run had, changed, is still refused
+    assert main(["run", str(tmp_path / "config.yaml"), "fl.rounds=3", "fl.lr=0.5", "--resume", str(tmp_path)]) == 2
