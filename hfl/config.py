@@ -69,17 +69,28 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "cnn"
-    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110."""
+    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, vit (6 blocks),
+    vit_tiny (12 blocks)."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
     norm: str = "auto"
     """Normalisation: bn (running statistics), static_bn (batch statistics only, as in HeteroFL), or
     auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
+    pretrained: str = ""
+    """torchvision's ImageNet weights to start resnet18/resnet34 from (NeFL's pre-trained runs): the
+    `.pth` file, or a folder holding `resnet18-f37072fd.pth` / `resnet34-b627a593.pth` (torch's hub
+    cache, `~/.cache/torch/hub/checkpoints`); never downloaded. Empty: random initialisation."""
 
     def __post_init__(self) -> None:
+        from hfl.models.pretrained import TORCHVISION_FILES
+
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
         check_choice("norm", self.norm, ("auto", "bn", "static_bn"))
+        if self.pretrained:
+            check(self.name in TORCHVISION_FILES, "pretrained", self.pretrained,
+                  f"empty unless name is one of {', '.join(TORCHVISION_FILES)} (name is {self.name})")
+            check(self.width == 1, "width", self.width, "1 when pretrained is set (the weights are full width)")
 
 
 @dataclass(frozen=True)

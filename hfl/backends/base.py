@@ -181,4 +181,6 @@ def build_model_for(
     """The experiment's model for `data`, at `width` and `norm` (default: the global model's)."""
     m = config.model
     width = m.width if width is None else width
-    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config))
+    # Narrower client models take their weights from the global state: only full width loads them.
+    pretrained = m.pretrained if width == 1 else ""
+    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained)

@@ -1,19 +1,39 @@
 """Models that declare their blocks, coupled channel groups and exit points."""
 
-from hfl.models import cnn, resnet  # noqa: F401  (registers the models)
+from hfl.models import cnn, resnet, vit  # noqa: F401  (registers the models)
 from hfl.models.base import (
     Block,
     ChannelGroup,
     ExitPoint,
+    ResidualBlock,
     ScalableModel,
+    nefl_do_step_sizes,
     scaled_channels,
 )
+from hfl.models.pretrained import PretrainedLoad, load_torchvision_resnet
 from hfl.registry import MODELS
 
 
-def build_model(name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ScalableModel:
-    """Build registered model `name` at width ratio `width`."""
-    return MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
+def build_model(
+    name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", pretrained: str = ""
+) -> ScalableModel:
+    """Build registered model `name` at width ratio `width`; `pretrained` names torchvision's
+    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from."""
+    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
+    if pretrained:
+        load_torchvision_resnet(model, name, pretrained)
+    return model
 
 
-__all__ = ["Block", "ChannelGroup", "ExitPoint", "ScalableModel", "build_model", "scaled_channels"]
+__all__ = [
+    "Block",
+    "ChannelGroup",
+    "ExitPoint",
+    "PretrainedLoad",
+    "ResidualBlock",
+    "ScalableModel",
+    "build_model",
+    "load_torchvision_resnet",
+    "nefl_do_step_sizes",
+    "scaled_channels",
+]

@@ -7,14 +7,19 @@ specs are computed from those declarations, never from parameter names.
 Methods with early exits (DepthFL, ScaleFL) attach classifiers after chosen blocks (`add_exits`);
 a depth-scaled sub-model keeps a prefix of the body and the exits inside it (`truncate`), and
 `forward_exits` returns every exit's logits, shallowest first, the head's last.
+
+Residual blocks can carry learnable step sizes (NeFL reads a residual network as an ODE solver,
+Y_{j+1} = Y_j + s_j F_j(Y_j)); models are built without them and a method turns them on with
+`add_step_sizes`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 NORMS = ("bn", "static_bn")
@@ -25,6 +30,58 @@ def scaled_channels(base: int, width: float) -> int:
     """Channels kept at width ratio `width` of a layer with `base` channels: ceil(width * base)."""
     # The epsilon keeps products such as 0.5 * 16 = 8.000000001 from rounding up.
     return max(1, math.ceil(base * width - 1e-6))
+
+
+def nefl_do_step_sizes(num_blocks: int, omitted: Iterable[int]) -> list[float]:
+    """NeFL-DO's initial step sizes for a body of `num_blocks` blocks of which `omitted` are skipped.
+
+    Kang et al. (NeFL, appendix A.3): NeFL-DO "gives larger initial step sizes to compensate" the
+    skipped blocks, "determined based on the number of blocks that are skipped. For a submodel
+    without Block 2, initial output after Block 2 is initially computed as Y3 = Y0 + F0 + 2F1 given
+    s0 = 1, s1 = 2, s2 = 0". Their ResNet-56 table (Table 12, appendix B.2) pins the rule: a kept
+    block followed by k consecutive omitted blocks starts at k + 1 (e.g. `1, 8, 0, 0, 0, 0, 0, 0, 0`
+    for a stage whose last seven blocks are omitted); every other kept block starts at 1 and an
+    omitted block at 0, the tables' mark for a block the sub-model lacks (s = 0 also computes
+    Y + 0 * F(Y) = Y). Omitted blocks at the very start of the body have no kept block before them:
+    the paper never omits one, and here they are left uncompensated. The paper gives NeFL-DO values
+    for ResNets only; `add_step_sizes` gives a ViT block's value to both its attention and MLP steps."""
+    omitted = set(omitted)
+    if not omitted <= set(range(num_blocks)):
+        raise ValueError(f"omitted blocks must lie in 0..{num_blocks - 1}, got {sorted(omitted)}")
+    steps = [0.0 if i in omitted else 1.0 for i in range(num_blocks)]
+    kept = None
+    for i in range(num_blocks):
+        if i not in omitted:
+            kept = i
+        elif kept is not None:
+            steps[kept] += 1.0
+    return steps
+
+
+class ResidualBlock(nn.Module):
+    """A body block computing Y + s * F(Y), with one step size s per residual branch (`step_names`).
+
+    Built without step sizes (s = 1, nothing in the state dict); `add_step_sizes` makes each a
+    learnable scalar parameter. Step sizes are coupled to no channel group: width slicing keeps them
+    whole, and a skipped block takes its step sizes with it."""
+
+    step_names: tuple[str, ...] = ("step",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in self.step_names:
+            self.register_parameter(name, None)  # a None parameter is left out of the state dict
+
+    def add_step_sizes(self, value: float) -> None:
+        """(Re)set every step size of this block to a fresh learnable scalar `value`."""
+        like = next(self.parameters())
+        for name in self.step_names:
+            setattr(self, name, nn.Parameter(torch.tensor(float(value), dtype=like.dtype, device=like.device)))
+
+    @staticmethod
+    def scaled(branch: Tensor, step: Tensor | None) -> Tensor:
+        """s * F(Y); without step sizes F(Y) itself, so the plain network computes exactly what it did."""
+        return branch if step is None else branch * step
 
 
 @dataclass(frozen=True)
@@ -156,7 +213,45 @@ class ScalableModel(nn.Module):
             group = blocks[b].out_group
             later = list(dict.fromkeys(blk.out_group for blk in blocks[b + 1 :] if blk.out_group != group))
             targets = [self._group_base[g] for g in later] if kind == "bottleneck" else []
-            self.exits[str(b)] = ExitClassifier(self, f"exits.{b}", group, targets)
+            self.exits[str(b)] = self.exit_classifier(f"exits.{b}", group, targets)
+
+    def exit_classifier(self, name: str, group: str, target_bases: Sequence[int]) -> nn.Module:
+        """The classifier `add_exits` attaches, reading features of `group`; convolutional models
+        down-sample to `target_bases` channels first. Models whose features are not feature maps
+        override this."""
+        return ExitClassifier(self, name, group, target_bases)
+
+    def add_step_sizes(self, initial: Sequence[float] | float = 1.0) -> None:
+        """Give every body block learnable step sizes (NeFL): block i then computes Y + s_i F_i(Y).
+
+        `initial` is one starting value for all blocks or one per body block (`nefl_do_step_sizes`
+        gives NeFL-DO's); a block with several branches starts each of them at its value. A block's step sizes sit in the state dict under the block, one per
+        residual branch (`body.<i>.step`; the ViT's `body.<i>.attn_step`, `body.<i>.mlp_step`).
+        Skipped blocks (identities) get none and their entries of `initial` are ignored. Calling it
+        again resets the values."""
+        count = len(self.body)
+        values = [float(initial)] * count if isinstance(initial, (int, float)) else [float(v) for v in initial]
+        if len(values) != count:
+            raise ValueError(f"initial step sizes: expected one value or {count} (one per body block), got {len(values)}")
+        for i, (block, value) in enumerate(zip(self.body, values)):
+            if isinstance(block, nn.Identity):
+                continue
+            if not isinstance(block, ResidualBlock):
+                raise TypeError(
+                    f"{type(self).__name__} body block {i} ({type(block).__name__}) is not residual: "
+                    "step sizes scale a residual branch Y + s * F(Y)"
+                )
+            block.add_step_sizes(value)
+
+    def step_size_keys(self) -> list[str]:
+        """State keys of the step sizes this instance holds, in body order (empty before `add_step_sizes`)."""
+        return [
+            f"body.{i}.{name}"
+            for i, block in enumerate(self.body)
+            if isinstance(block, ResidualBlock)
+            for name in block.step_names
+            if getattr(block, name) is not None
+        ]
 
     def truncate(self, depth: int) -> None:
         """Keep body blocks 0..depth-1, the exits among them, and the head only when nothing is cut."""

@@ -3,13 +3,14 @@
 He et al. 2016, "Deep Residual Learning for Image Recognition" and "Identity Mappings in Deep
 Residual Networks". Every residual stream of a stage is one channel group (`stage{k}`); each
 block's inner channels (between its two convs) are a group of their own (`body.{i}.inner`).
+With step sizes on (`ScalableModel.add_step_sizes`), a block scales its residual branch by its `step`.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from hfl.models.base import ClassifierHead, ScalableModel, make_norm
+from hfl.models.base import ClassifierHead, ResidualBlock, ScalableModel, make_norm
 from hfl.registry import MODELS
 
 CIFAR_CHANNELS = (16, 32, 64)
@@ -24,8 +25,8 @@ def conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
 
 
-class BasicBlock(nn.Module):
-    """Post-activation block: conv3x3-BN-ReLU-conv3x3-BN, plus the shortcut, then ReLU."""
+class BasicBlock(ResidualBlock):
+    """Post-activation block: conv3x3-BN-ReLU-conv3x3-BN (times the step size), plus the shortcut, then ReLU."""
 
     preactivated = False
 
@@ -53,12 +54,12 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.act(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        out = self.scaled(self.bn2(self.conv2(out)), self.step)
         return self.act(out + self.shortcut(x))
 
 
-class PreActBlock(nn.Module):
-    """Pre-activation block: BN-ReLU-conv3x3-BN-ReLU-conv3x3, plus the shortcut.
+class PreActBlock(ResidualBlock):
+    """Pre-activation block: BN-ReLU-conv3x3-BN-ReLU-conv3x3 (times the step size), plus the shortcut.
 
     A projection shortcut reads the pre-activated input, as in the reference implementation;
     an identity shortcut reads the raw input.
@@ -92,7 +93,7 @@ class PreActBlock(nn.Module):
         skip = x if self.shortcut is None else self.shortcut(out)
         out = self.conv1(out)
         out = self.conv2(self.act(self.bn2(out)))
-        return out + skip
+        return self.scaled(out, self.step) + skip
 
 
 class ResNet(ScalableModel):
@@ -112,6 +113,9 @@ class ResNet(ScalableModel):
         norm: str = "bn",
     ) -> None:
         super().__init__(width, num_classes, norm, head_norm=block.preactivated)
+        self.block_type = block
+        self.stage_depths = depths
+        self.base_channels = base_channels
         if len(depths) != len(base_channels):
             raise ValueError(f"got {len(depths)} stage depths but {len(base_channels)} channel counts")
         gin, cin = "stage1", self.channels("stage1", base_channels[0])

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import hfl.models.cnn  # noqa: F401  (registers the model)
-import hfl.models.resnet  # noqa: F401  (registers the models)
+import hfl.models  # noqa: F401  (registers every model)
 from hfl.models.base import ScalableModel, scaled_channels
 from hfl.registry import MODELS
 
