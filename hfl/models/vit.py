@@ -208,20 +208,10 @@ class ViT(ScalableModel):
 
 
 @MODELS.register("vit")
-def vit(
-    in_channels: int,
-    num_classes: int,
-    width: float = 1.0,
-    norm: str = "bn",
-    patch_size: int = 4,
-    dim: int = 192,
-    depth: int = 6,
-    heads: int = 3,
-    mlp_ratio: float = 4.0,
-    image_size: int = 32,
-) -> ViT:
-    """A 6-block ViT with 4x4 patches for 32x32 inputs (64 tokens)."""
-    return ViT(in_channels, num_classes, width, norm, patch_size, dim, depth, heads, mlp_ratio, image_size)
+def vit(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ViT:
+    """A 6-block ViT with 4x4 patches for 32x32 inputs (64 tokens): the class defaults; build `ViT`
+    directly for other sizes."""
+    return ViT(in_channels, num_classes, width, norm)
 
 
 @MODELS.register("vit_tiny")
