@@ -132,6 +132,27 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
+LEVEL_HEADERS = {"params": "#params", "flops": "#FLOPs", "peak_bytes": "train memory MiB", "depth": "blocks",
+                 "params_ratio": "params ratio", "omitted_blocks": "omitted blocks"}
+
+
+def level_cell(key: str, value: Any) -> str:
+    """One cell of a method's level table: counts in millions, bytes in MiB, ratios to 3 places."""
+    if value is None:
+        return "-"
+    if key in ("params", "flops"):
+        return f"{value / 1e6:.3f} M"
+    if key.endswith("bytes"):
+        return mib(value)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def env_method_title(config: Any) -> str:
+    from hfl.registry import METHODS
+
+    return METHODS.get(config.method.name, field="method.name").level_table_title
+
+
 def command_budget(args: argparse.Namespace) -> int:
     import json
 
@@ -161,12 +182,10 @@ def command_budget(args: argparse.Namespace) -> int:
         print(table(["tier", "budget", "estimated peak", "trains"],
                     [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"]] for p in report["plans"]]))
     if report.get("levels"):
-        print(f"\nLevels of {config.method.name} (ScaleFL's Table 1; r_l: achieved cost ratio in {report['levels'][0]['cost']}; "
-              "FLOPs: forward, per sample)")
-        print(table(["level", "s_d", "s_w", "blocks", "#params", "#FLOPs", "r_l", "target", "train memory MiB"],
-                    [[lv["level"], f"{lv['s_d']:.2f}", f"{lv['s_w']:.2f}", lv["depth"], f"{lv['params'] / 1e6:.2f} M",
-                      "-" if lv["flops"] is None else f"{lv['flops'] / 1e6:.1f} M", f"{lv['r_l']:.3f}", f"{lv['target']:.3f}",
-                      mib(lv.get("peak_bytes"))] for lv in reversed(report["levels"])]))
+        print(f"\nSub-models of {config.method.name} ({env_method_title(config)}; FLOPs: forward, per sample; memory: training)")
+        columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
+        print(table([LEVEL_HEADERS.get(k, k) for k in columns],
+                    [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"\njson: {args.json}")

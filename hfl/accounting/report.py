@@ -1,5 +1,5 @@
 """The numbers behind `hfl budget`: per-block and per-width training memory, the tiers' budgets,
-and the levels a method defines (ScaleFL's split ratios and costs)."""
+and the levels a method defines (ScaleFL's split ratios, NeFL's sub-models, with their costs)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,14 @@ REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 
 
 def level_rows(env: ClientEnvironment, batch: int) -> list[dict[str, Any]]:
-    """The method's level table (ScaleFL's Table 1), each row that names one of the method's
-    sub-models with that sub-model's estimated training memory (`peak_bytes`)."""
+    """The method's level table (ScaleFL's Table 1, NeFL's Table 8), each row that names one of the
+    method's sub-models with that sub-model's estimated training memory (`peak_bytes`)."""
     rows = [dict(row) for row in env.method.level_table()]
     specs = env.method.submodels(env.method.init_state())
     for row in rows:
         spec = specs.get(row.get("name", ""))
         if spec is not None:
-            width = env.config.model.width if spec.width is None else spec.width
-            row["peak_bytes"] = env.accountant.cost(width, batch, spec).peak_bytes
+            row["peak_bytes"] = env.method.training_cost(spec, batch).peak_bytes
     return rows
 
 

@@ -14,6 +14,7 @@ from hfl.methods import (  # noqa: F401  (registers the methods)
     fedrolex,
     fjord,
     heterofl,
+    nefl,
     scalefl,
     splitmix,
 )

@@ -54,6 +54,8 @@ class Method:
     """True when the objective needs the weights the client started the round with."""
     preferred_norm: ClassVar[str] = "bn"
     """The batch-norm kind `model.norm=auto` builds the model with."""
+    level_table_title: ClassVar[str] = ""
+    """What `hfl budget` calls the table of `level_table` (the paper table it reproduces)."""
 
     def __init__(self, config: MethodConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         self.config = config
@@ -142,7 +144,8 @@ class Method:
 
     def level_table(self) -> list[dict[str, Any]]:
         """Rows `hfl budget` prints about the sub-models or levels this method defines (ScaleFL's
-        split ratios and costs per level); none by default."""
+        split ratios and costs per level), one column per key (`name` links a row to `submodels`
+        for its training memory); none by default."""
         return []
 
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:

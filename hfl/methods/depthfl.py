@@ -4,7 +4,8 @@ separable convs, then a linear layer); a client trains the prefix of the body up
 classifiers, with cross-entropy at every classifier it holds plus mutual self-distillation among
 them (each learns from the others' detached predictions, KL averaged over the others); the server
 averages each tensor over the clients that hold it. The global model predicts with every exit, and
-with their ensemble.
+with their ensemble. With `tier_window` >= 0 a client instead trains a prefix drawn every round
+from its tier's window (NeFL's dynamic environment, `hfl.methods.tiers`).
 
 Deliberate deviations:
 - The prefix a client trains is the deepest whose estimated training memory fits its budget, as
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -33,8 +35,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hfl.accounting.accountant import Accountant
+from hfl.accounting.budgets import ClientBudget
 from hfl.config import check, check_choice
+from hfl.errors import ConfigError
 from hfl.methods.base import Method, MethodConfig, MethodState
+from hfl.methods.tiers import DynamicTiers
 from hfl.models.base import EXIT_KINDS, ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.spec import SubmodelSpec, full_spec, truncate
@@ -54,6 +59,9 @@ class DepthFLConfig(MethodConfig):
     exits: str = "stages"
     """Where classifiers attach: 'stages' after the last block of every stage (the paper's ResNet
     with one classifier per stage), 'blocks' after every block (finer prefixes for tight budgets)."""
+    exit_blocks: tuple[int, ...] = ()
+    """Explicit exit positions, overriding `exits`: the 1-based body blocks a classifier follows
+    (e.g. prefixes matched to other methods' sub-model sizes, as NeFL's comparison does)."""
     exit_kind: str = "bottleneck"
     """Early-exit classifier: 'bottleneck' (separable convs down to the last stage's shape, as in
     the paper) or 'linear' (pooling and a linear layer)."""
@@ -64,12 +72,18 @@ class DepthFLConfig(MethodConfig):
     distill_rampup_rounds: int = 0
     """Rounds over which the distillation weight ramps up as exp(-5 (1 - t/R)^2), as the authors'
     code does with R = 300; 0: full weight from the first round, as the paper's loss."""
+    tier_window: int = -1
+    """-1: off (each client trains the largest level fitting its budget, as before). k >= 0: NeFL's
+    dynamic tiers (appendix B.7, `hfl.methods.tiers`): each round a client trains a level drawn
+    uniformly within k levels of its tier (the paper's setting is 2 with five levels)."""
 
     def __post_init__(self) -> None:
         check_choice("exits", self.exits, EXIT_PLACEMENTS)
         check_choice("exit_kind", self.exit_kind, EXIT_KINDS)
         check(self.temperature > 0, "temperature", self.temperature, "a positive number")
         check(self.distill_rampup_rounds >= 0, "distill_rampup_rounds", self.distill_rampup_rounds, "a round count >= 0")
+        window = self.tier_window
+        check(isinstance(window, int) and not isinstance(window, bool) and window >= -1, "tier_window", window, "an integer >= -1")
 
 
 def exit_positions(model: ScalableModel, placement: str) -> tuple[int, ...]:
@@ -104,10 +118,21 @@ class DepthFL(Method):
 
     def __init__(self, config: DepthFLConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         super().__init__(config, model, accountant)
-        self.exit_after = exit_positions(model, config.exits)
+        count = len(model.blocks())
+        if not all(1 <= b < count for b in config.exit_blocks) or list(config.exit_blocks) != sorted(set(config.exit_blocks)):
+            raise ConfigError("method.exit_blocks", list(config.exit_blocks), f"ascending distinct blocks in 1..{count - 1} ({type(model).__name__} has {count})")
+        self.exit_after = tuple(b - 1 for b in config.exit_blocks) or exit_positions(model, config.exits)
         """Blocks followed by an early exit in every model this method builds."""
         self.depths = (*(b + 1 for b in self.exit_after), len(model.blocks()))
         """Body blocks of each prefix a client may train, shallowest first; the last is the whole model."""
+        window = config.tier_window
+        self.tiers = DynamicTiers(len(self.depths), window) if window >= 0 else None
+        """NeFL's dynamic tiers over the prefixes; None: each client trains its deepest fitting prefix."""
+
+    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
+        super().use_budgets(budgets, batch_size)
+        if self.tiers is not None:  # clients without a budget split into tiers by their share of the run
+            self.tiers.use_budgets(budgets)
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         model.add_exits(self.exit_after, self.config.exit_kind)
@@ -117,17 +142,21 @@ class DepthFL(Method):
         """The prefix of `depth` body blocks with the classifiers inside it (the head only when whole)."""
         return full_spec() if depth == self.depths[-1] else truncate(full_spec(), self.model, depth)
 
-    def depth_for(self, ctx: RoundContext) -> int | None:
-        """The deepest prefix whose estimated training memory fits the client's budget; None if none does."""
+    def depth_fits(self, depth: int, ctx: RoundContext) -> bool:
+        """Whether training the `depth`-block prefix fits the client's memory budget (always, without a budget or an accountant)."""
         budget = ctx.budget.memory_bytes if ctx.budget else None
         if budget is None or self.accountant is None:
-            return self.depths[-1]
+            return True
         batch = min(ctx.train.batch_size, ctx.num_samples)
-        for depth in reversed(self.depths):
-            if self.accountant.cost(self.model.width, batch, self.spec_for(depth)).peak_bytes <= budget:
-                return depth
-        log.info("client %d: even the %d-block prefix exceeds its budget of %d bytes", ctx.client_id, self.depths[0], budget)
-        return None
+        return self.accountant.cost(self.model.width, batch, self.spec_for(depth)).peak_bytes <= budget
+
+    def depth_for(self, ctx: RoundContext) -> int | None:
+        """The deepest prefix whose estimated training memory fits the client's budget; None if none does."""
+        depth = next((d for d in reversed(self.depths) if self.depth_fits(d, ctx)), None)
+        if depth is None:
+            log.info("client %d: even the %d-block prefix exceeds its budget of %d bytes",
+                     ctx.client_id, self.depths[0], ctx.budget.memory_bytes)
+        return depth
 
     def distill_weight(self, round_: int) -> float:
         """The distillation weight in round `round_` (the authors' ramp, or 1)."""
@@ -138,7 +167,11 @@ class DepthFL(Method):
         return math.exp(-5.0 * (1.0 - progress) ** 2)
 
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        depth = self.depth_for(ctx)
+        if self.tiers is None:
+            depth = self.depth_for(ctx)
+        else:
+            level = self.tiers.draw(ctx, lambda k: self.depth_fits(self.depths[k], ctx))
+            depth = None if level is None else self.depths[level]
         if depth is None:
             return None
         return ClientTask(ctx, self.spec_for(depth), {"depth": depth, "distill_weight": self.distill_weight(ctx.round)})

@@ -2,7 +2,9 @@
 with Ordered Dropout", NeurIPS 2021. Each client holds the upper-left width-p_max slice of the model,
 p_max the widest ladder width whose training memory fits its budget; every mini-batch trains the
 width-p prefix network, p drawn uniformly from the ladder widths <= p_max (ordered dropout); each
-width has its own batch norm; optionally the width-p network distils from the width-p_max one.
+width has its own batch norm; optionally the width-p network distils from the width-p_max one. With
+`tier_window` >= 0 a client's p_max is instead drawn every round from its tier's window of ladder
+widths (NeFL's dynamic environment, `hfl.methods.tiers`).
 
 Ordered dropout runs on the client's width-p_max model: every layer's outputs beyond the first
 ceil(p * base) channels of its group are zeroed (after convs and after norms, so norm + ReLU of a
@@ -36,9 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
+from hfl.accounting.budgets import ClientBudget
 from hfl.accounting.cost import TrainingCost, measure_training_cost
 from hfl.config import check
 from hfl.methods.base import Method, MethodConfig, MethodState
+from hfl.methods.tiers import DynamicTiers
 from hfl.models.base import ChannelGroup, ScalableModel, scaled_channels
 from hfl.registry import METHODS
 from hfl.submodel.spec import SubmodelSpec, width_spec
@@ -72,12 +76,18 @@ class FjORDConfig(MethodConfig):
     1 matches the authors' code (the p_max outputs as the width-p network's only target)."""
     kd_temperature: float = 1.0
     """Softmax temperature T of the distillation term."""
+    tier_window: int = -1
+    """-1: off (each client trains the largest level fitting its budget, as before). k >= 0: NeFL's
+    dynamic tiers (appendix B.7, `hfl.methods.tiers`): each round a client trains a level drawn
+    uniformly within k levels of its tier (the paper's setting is 2 with five levels)."""
 
     def __post_init__(self) -> None:
         check(bool(self.widths) and all(0 < w <= 1 for w in self.widths), "widths", list(self.widths), "ratios in (0, 1]")
         check(any(same_width(w, 1.0) for w in self.widths), "widths", list(self.widths), "a ladder that holds 1 (the global model)")
         check(0 <= self.kd_alpha <= 1, "kd_alpha", self.kd_alpha, "a number in [0, 1]")
         check(self.kd_temperature > 0, "kd_temperature", self.kd_temperature, "a number > 0")
+        window = self.tier_window
+        check(isinstance(window, int) and not isinstance(window, bool) and window >= -1, "tier_window", window, "an integer >= -1")
 
 
 class SwitchableNorm(nn.Module):
@@ -171,11 +181,19 @@ class FjORD(Method):
     def __init__(self, config: FjORDConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         super().__init__(config, model, accountant)
         self.ladder = tuple(sorted({float(w) for w in config.widths}))
+        window = config.tier_window
+        self.tiers = DynamicTiers(len(self.ladder), window) if window >= 0 else None
+        """NeFL's dynamic tiers over the ladder; None: each client's p_max is its widest fitting width."""
         self.norm_per_width = model.norm == "bn"
         """A batch norm per width; with static batch norm the evaluation recomputes statistics per width instead."""
         self._specs: dict[float, SubmodelSpec] = {}
         self._distillation_costs: dict[tuple[float, int], TrainingCost] = {}
         self._layers: WeakKeyDictionary[ScalableModel, list[tuple[nn.Module, ChannelGroup]]] = WeakKeyDictionary()
+
+    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
+        super().use_budgets(budgets, batch_size)
+        if self.tiers is not None:  # clients without a budget split into tiers by their share of the run
+            self.tiers.use_budgets(budgets)
 
     # -- models: a batch norm per width -------------------------------------------------------
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
@@ -227,20 +245,27 @@ class FjORD(Method):
             )
         return self._distillation_costs[key]
 
-    def p_max_for(self, ctx: RoundContext) -> float | None:
-        """The widest ladder width whose training fits the client's memory budget; None if none does."""
+    def width_fits(self, p: float, ctx: RoundContext) -> bool:
+        """Whether training with p_max = p fits the client's memory budget (always, without a budget or an accountant)."""
         budget = ctx.budget.memory_bytes if ctx.budget else None
         if budget is None or self.accountant is None:
-            return self.ladder[-1]
+            return True
         batch = min(ctx.train.batch_size, ctx.num_samples)
-        for p in reversed(self.ladder):
-            if self.training_cost(self.spec_for(p), batch).peak_bytes <= budget:
-                return p
-        log.info("client %d: even width %g exceeds its budget of %d bytes", ctx.client_id, self.ladder[0], budget)
-        return None
+        return self.training_cost(self.spec_for(p), batch).peak_bytes <= budget
+
+    def p_max_for(self, ctx: RoundContext) -> float | None:
+        """The widest ladder width whose training fits the client's memory budget; None if none does."""
+        p_max = next((p for p in reversed(self.ladder) if self.width_fits(p, ctx)), None)
+        if p_max is None:
+            log.info("client %d: even width %g exceeds its budget of %d bytes", ctx.client_id, self.ladder[0], ctx.budget.memory_bytes)
+        return p_max
 
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        p_max = self.p_max_for(ctx)
+        if self.tiers is None:
+            p_max = self.p_max_for(ctx)
+        else:
+            level = self.tiers.draw(ctx, lambda k: self.width_fits(self.ladder[k], ctx))
+            p_max = None if level is None else self.ladder[level]
         if p_max is None:
             return None
         return ClientTask(ctx, self.spec_for(p_max), {"p_max": p_max})

@@ -1,7 +1,8 @@
 """HeteroFL — Diao, Ding and Tarokh, "HeteroFL: Computation and Communication Efficient Federated
 Learning for Heterogeneous Clients", ICLR 2021. Each client trains the upper-left width-r slice of
 every layer, r the widest rate of a ladder whose training memory fits its budget; the server
-averages each entry over the clients that hold it.
+averages each entry over the clients that hold it. With `tier_window` >= 0 a client instead trains
+a rate drawn every round from its tier's window (NeFL's dynamic environment, `hfl.methods.tiers`).
 
 Batch norm is static (`model.norm=static_bn`: batch statistics while training, statistics
 recomputed from the training data for evaluation); the scaler divides every conv output by r while
@@ -12,7 +13,7 @@ logits of classes a client has no data for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,8 +21,12 @@ from typing import TYPE_CHECKING
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hfl.accounting.accountant import Accountant
+from hfl.accounting.budgets import ClientBudget
 from hfl.config import check
 from hfl.methods.base import Method, MethodConfig, MethodState
+from hfl.methods.tiers import DynamicTiers
+from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.spec import SubmodelSpec, width_spec
 from hfl.types import ClientTask, RoundContext
@@ -41,9 +46,15 @@ class HeteroFLConfig(MethodConfig):
     """Divide conv outputs by the rate while training (the paper's scaler)."""
     masked_ce: bool = False
     """Zero the logits of classes absent from the client's data (the paper's masking trick, for non-IID data)."""
+    tier_window: int = -1
+    """-1: off (each client trains the largest level fitting its budget, as before). k >= 0: NeFL's
+    dynamic tiers (appendix B.7, `hfl.methods.tiers`): each round a client trains a level drawn
+    uniformly within k levels of its tier (the paper's setting is 2 with five levels)."""
 
     def __post_init__(self) -> None:
         check(bool(self.widths) and all(0 < w <= 1 for w in self.widths), "widths", list(self.widths), "rates in (0, 1]")
+        window = self.tier_window
+        check(isinstance(window, int) and not isinstance(window, bool) and window >= -1, "tier_window", window, "an integer >= -1")
 
 
 @contextmanager
@@ -63,24 +74,46 @@ class HeteroFL(Method):
     paper = "Diao, Ding and Tarokh, ICLR 2021 (arXiv:2010.01264)"
     preferred_norm = "static_bn"
 
+    def __init__(self, config: HeteroFLConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
+        super().__init__(config, model, accountant)
+        window = config.tier_window
+        self.tiers = DynamicTiers(len(config.widths), window) if window >= 0 else None
+        """NeFL's dynamic tiers over the rates, smallest first; None: each client trains its widest fitting rate."""
+
+    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
+        super().use_budgets(budgets, batch_size)
+        if self.tiers is not None:  # clients without a budget split into tiers by their share of the run
+            self.tiers.use_budgets(budgets)
+
+    def rate_fits(self, rate: float, ctx: RoundContext) -> bool:
+        """Whether training at `rate` fits the client's memory budget (always, without a budget or an accountant)."""
+        budget = ctx.budget.memory_bytes if ctx.budget else None
+        if budget is None or self.accountant is None:
+            return True
+        batch = min(ctx.train.batch_size, ctx.num_samples)
+        return self.accountant.cost(self.model.width * rate, batch).peak_bytes <= budget
+
     def rate_for(self, ctx: RoundContext) -> float:
         """The widest rate whose estimated training memory fits the client's budget."""
         rates = sorted(self.config.widths, reverse=True)
-        budget = ctx.budget.memory_bytes if ctx.budget else None
-        if budget is None or self.accountant is None:
-            return rates[0]
-        batch = min(ctx.train.batch_size, ctx.num_samples)
-        for rate in rates:
-            if self.accountant.cost(self.model.width * rate, batch).peak_bytes <= budget:
-                return rate
-        log.warning("client %d: even rate %g exceeds its budget of %d bytes", ctx.client_id, rates[-1], budget)
-        return rates[-1]
+        rate = next((r for r in rates if self.rate_fits(r, ctx)), None)
+        if rate is None:
+            log.warning("client %d: even rate %g exceeds its budget of %d bytes", ctx.client_id, rates[-1], ctx.budget.memory_bytes)
+            return rates[-1]
+        return rate
 
     def spec_for(self, rate: float, ctx: RoundContext) -> SubmodelSpec:
         return width_spec(self.model, self.model.width * rate)
 
-    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask:
-        rate = self.rate_for(ctx)
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
+        if self.tiers is None:
+            rate = self.rate_for(ctx)
+        else:
+            rates = sorted(self.config.widths)
+            level = self.tiers.draw(ctx, lambda k: self.rate_fits(rates[k], ctx))
+            if level is None:  # nothing fits: sit out rather than break the budget
+                return None
+            rate = rates[level]
         return ClientTask(ctx, self.spec_for(rate, ctx), {"rate": rate})
 
     def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:

@@ -300,6 +300,7 @@ class ScaleFL(Method):
     Config = ScaleFLConfig
     paper = "Ilhan, Su and Liu, CVPR 2023 (github.com/git-disl/scale-fl)"
     preferred_norm = "static_bn"
+    level_table_title = "ScaleFL's Table 1; r_l: the achieved cost ratio beside its target"
 
     def __init__(self, config: ScaleFLConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         super().__init__(config, model, accountant)

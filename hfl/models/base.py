@@ -63,12 +63,20 @@ class ResidualBlock(nn.Module):
 
     Built without step sizes (s = 1, nothing in the state dict); `add_step_sizes` makes each a
     learnable scalar parameter. Step sizes are coupled to no channel group: width slicing keeps them
-    whole, and a skipped block takes its step sizes with it."""
+    whole, and a skipped block takes its step sizes with it. A method may replace a step size by a
+    module returning it (NeFL's copy per sub-model).
+
+    A block whose shortcut projects (it changes the feature shape) can still skip its residual
+    branch: `skip_branch` keeps only the modules the shortcut path needs (`shortcut_modules`), the
+    depth scaling NeFL applies to every block ("a step size of zero": Y + 0 * F(Y))."""
 
     step_names: tuple[str, ...] = ("step",)
+    shortcut_modules: tuple[str, ...] = ()
+    """Child modules the shortcut path runs through (a projection and what feeds it)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.branch_skipped = False
         for name in self.step_names:
             self.register_parameter(name, None)  # a None parameter is left out of the state dict
 
@@ -79,9 +87,28 @@ class ResidualBlock(nn.Module):
             setattr(self, name, nn.Parameter(torch.tensor(float(value), dtype=like.dtype, device=like.device)))
 
     @staticmethod
-    def scaled(branch: Tensor, step: Tensor | None) -> Tensor:
+    def scaled(branch: Tensor, step: Tensor | nn.Module | None) -> Tensor:
         """s * F(Y); without step sizes F(Y) itself, so the plain network computes exactly what it did."""
+        if isinstance(step, nn.Module):
+            step = step()
         return branch if step is None else branch * step
+
+    def branch_state_keys(self) -> list[str]:
+        """State keys (relative to the block) that `skip_branch` removes."""
+        kept = tuple(f"{name}." for name in self.shortcut_modules)
+        return [k for k in self.state_dict() if not k.startswith(kept)]
+
+    def skip_branch(self) -> None:
+        """Keep only the shortcut path: the block computes its shortcut of Y (with its step sizes
+        and residual layers gone)."""
+        if not self.shortcut_modules:
+            raise ValueError(f"{type(self).__name__} has an identity shortcut: drop the whole block instead")
+        for name, _ in list(self.named_children()):
+            if name not in self.shortcut_modules:
+                delattr(self, name)
+        for name in self.step_names:
+            setattr(self, name, None)
+        self.branch_skipped = True
 
 
 @dataclass(frozen=True)
@@ -234,7 +261,7 @@ class ScalableModel(nn.Module):
         if len(values) != count:
             raise ValueError(f"initial step sizes: expected one value or {count} (one per body block), got {len(values)}")
         for i, (block, value) in enumerate(zip(self.body, values)):
-            if isinstance(block, nn.Identity):
+            if isinstance(block, nn.Identity) or getattr(block, "branch_skipped", False):
                 continue
             if not isinstance(block, ResidualBlock):
                 raise TypeError(
@@ -246,11 +273,11 @@ class ScalableModel(nn.Module):
     def step_size_keys(self) -> list[str]:
         """State keys of the step sizes this instance holds, in body order (empty before `add_step_sizes`)."""
         return [
-            f"body.{i}.{name}"
+            f"body.{i}.{key}"
             for i, block in enumerate(self.body)
             if isinstance(block, ResidualBlock)
-            for name in block.step_names
-            if getattr(block, name) is not None
+            for key, _ in block.named_parameters()
+            if key.partition(".")[0] in block.step_names
         ]
 
     def truncate(self, depth: int) -> None:
@@ -281,12 +308,24 @@ class ScalableModel(nn.Module):
                 setattr(parent, child_name, replacement)
 
     def drop_blocks(self, indices: set[int] | frozenset[int]) -> None:
-        """Replace body blocks by identities (depth scaling); only droppable blocks qualify."""
+        """Skip body blocks (depth scaling): a droppable block becomes the identity, a residual
+        block that changes the feature shape keeps only its projection shortcut (NeFL omits those
+        too); any other block cannot be skipped."""
         blocks = self.blocks()
         for i in sorted(indices):
-            if not blocks[i].droppable:
-                raise ValueError(f"block {i} changes the feature shape and cannot be dropped")
-            self.body[i] = nn.Identity()
+            if blocks[i].droppable:
+                self.body[i] = nn.Identity()
+            elif isinstance(self.body[i], ResidualBlock) and self.body[i].shortcut_modules:
+                self.body[i].skip_branch()
+            else:
+                raise ValueError(f"block {i} changes the feature shape without a residual shortcut and cannot be dropped")
+
+    def dropped_block_keys(self, index: int) -> list[str]:
+        """State keys (relative to body block `index`) that `drop_blocks` removes from it."""
+        block = self.body[index]
+        if not self.blocks()[index].droppable and isinstance(block, ResidualBlock) and block.shortcut_modules:
+            return block.branch_state_keys()
+        return list(block.state_dict())
 
     # -- forward ------------------------------------------------------------------------------
     def features(self, x: Tensor, upto: int | None = None) -> Tensor:

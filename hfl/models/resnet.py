@@ -3,7 +3,8 @@
 He et al. 2016, "Deep Residual Learning for Image Recognition" and "Identity Mappings in Deep
 Residual Networks". Every residual stream of a stage is one channel group (`stage{k}`); each
 block's inner channels (between its two convs) are a group of their own (`body.{i}.inner`).
-With step sizes on (`ScalableModel.add_step_sizes`), a block scales its residual branch by its `step`.
+With step sizes on (`ScalableModel.add_step_sizes`), a block scales its residual branch by its `step`;
+a block that opens a stage can skip its branch and keep its projection shortcut (NeFL's depth scaling).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class BasicBlock(ResidualBlock):
     """Post-activation block: conv3x3-BN-ReLU-conv3x3-BN (times the step size), plus the shortcut, then ReLU."""
 
     preactivated = False
+    shortcut_modules = ("shortcut", "act")
 
     def __init__(
         self,
@@ -53,6 +55,8 @@ class BasicBlock(ResidualBlock):
             self.shortcut = nn.Sequential(conv, make_norm(model, cout, norm, gout))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.branch_skipped:
+            return self.act(self.shortcut(x))
         out = self.act(self.bn1(self.conv1(x)))
         out = self.scaled(self.bn2(self.conv2(out)), self.step)
         return self.act(out + self.shortcut(x))
@@ -66,6 +70,7 @@ class PreActBlock(ResidualBlock):
     """
 
     preactivated = True
+    shortcut_modules = ("bn1", "act", "shortcut")
 
     def __init__(
         self,
@@ -91,6 +96,8 @@ class PreActBlock(ResidualBlock):
     def forward(self, x: Tensor) -> Tensor:
         out = self.act(self.bn1(x))
         skip = x if self.shortcut is None else self.shortcut(out)
+        if self.branch_skipped:
+            return skip
         out = self.conv1(out)
         out = self.conv2(self.act(self.bn2(out)))
         return self.scaled(out, self.step) + skip

@@ -165,10 +165,16 @@ def block_keys(model: ScalableModel, blocks: Iterable[int]) -> frozenset[str]:
     return frozenset(keys)
 
 
+def dropped_keys(model: ScalableModel, blocks: Iterable[int]) -> frozenset[str]:
+    """State keys a client lacks when it skips the given body blocks (a projection block keeps its shortcut)."""
+    return frozenset(f"body.{i}.{k}" for i in blocks for k in model.dropped_block_keys(i))
+
+
 def drop_blocks(spec: SubmodelSpec, model: ScalableModel, blocks: Iterable[int]) -> SubmodelSpec:
-    """Add depth scaling to `spec`: the given body blocks are skipped and their tensors absent."""
+    """Add depth scaling to `spec`: the given body blocks are skipped and their tensors absent
+    (a block that changes the feature shape keeps its shortcut's)."""
     blocks = frozenset(blocks)
-    return replace(spec, dropped_blocks=spec.dropped_blocks | blocks, absent=spec.absent | block_keys(model, blocks))
+    return replace(spec, dropped_blocks=spec.dropped_blocks | blocks, absent=spec.absent | dropped_keys(model, blocks))
 
 
 def truncate(spec: SubmodelSpec, model: ScalableModel, depth: int) -> SubmodelSpec:

@@ -233,11 +233,11 @@ def test_budget_prints_the_level_table(tmp_path, capsys):
     out_json = tmp_path / "budget.json"
     assert main(["budget", str(QUICKSTART), "method.name=scalefl", "model.name=preresnet20", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("Levels of scalefl"):].splitlines()
+    table = out[out.index("Sub-models of scalefl (ScaleFL's Table 1"):].splitlines()
     assert table[1].split() == ["level", "s_d", "s_w", "blocks", "#params", "#FLOPs", "r_l", "target", "train", "memory", "MiB"]
     rows = [line.split() for line in table[3:7]]
-    assert [r[0] for r in rows] == ["4", "3", "2", "1"]
-    assert rows[-1][1:4] == ["0.67", "0.69", "6"]  # level 1: s_d, s_w, blocks kept
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    assert rows[0][1:4] == ["0.667", "0.690", "6"]  # level 1: s_d, s_w, blocks kept
     levels = json.loads(out_json.read_text())["levels"]
     assert [lv["level"] for lv in levels] == [1, 2, 3, 4]
     assert all(lv["peak_bytes"] > 0 and lv["flops"] > 0 for lv in levels)

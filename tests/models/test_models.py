@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hfl.models  # noqa: F401  (registers every model)
-from hfl.models.base import ScalableModel, scaled_channels
+from hfl.models.base import ResidualBlock, ScalableModel, scaled_channels
 from hfl.registry import MODELS
 
 NAMES = list(MODELS)
@@ -100,9 +100,13 @@ def test_blocks_exits_and_depth_dropping(name: str) -> None:
 
     droppable = {b.index for b in blocks if b.droppable}
     fixed = [b.index for b in blocks if not b.droppable]
-    if fixed:
+    if fixed and not isinstance(model.body[fixed[-1]], ResidualBlock):
         with pytest.raises(ValueError):
             model.drop_blocks({fixed[-1]})
+    elif fixed:  # a shape-changing residual block keeps its projection shortcut (NeFL's depth scaling)
+        kept = model.body[fixed[-1]].shortcut_modules
+        model.drop_blocks({fixed[-1]})
+        assert {name for name, _ in model.body[fixed[-1]].named_children()} <= set(kept)
     model.drop_blocks(droppable)
     logits = model(torch.randn(2, 3, 32, 32))
     assert logits.shape == (2, NUM_CLASSES)

@@ -109,3 +109,17 @@ def test_the_experiment_model_loads_them_at_full_width_only(weights_dir) -> None
 
     assert torch.equal(full.body[3].conv1.weight, reference.layer2[1].conv1.weight)
     assert half.body[3].conv1.weight.shape[0] == 32  # built, not loaded
+
+
+def test_nefl_starts_every_submodels_batch_norms_from_the_pretrained_ones(weights_dir) -> None:
+    from hfl.methods import build_method
+    from tests.conftest import small_config
+
+    folder, reference = weights_dir
+    config = small_config(method={"name": "nefl"}, model={"name": "resnet18", "pretrained": str(folder)})
+    method = build_method(config.method, build_model("resnet18", 3, 10))
+    state = method.initial_global_state(lambda width: method.adapt_model(build_model("resnet18", 3, 10, width, pretrained=str(folder))))
+    pretrained_bn = reference.state_dict()["layer1.0.bn1.running_var"]
+
+    for k in range(1, 6):  # the global state's copy of layer1.0.bn1 for every sub-model
+        assert torch.equal(state[f"body.0.bn1.m{k}.running_var"], pretrained_bn)

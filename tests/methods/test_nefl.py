@@ -1,0 +1,218 @@
+"""NeFL: step sizes at 1 are the plain network, depth scaling skips exactly the planned blocks,
+inconsistent parameters stay with their sub-model, NeFedAvg is the masked mean (appendix B.3),
+dynamic tiers, the budget table and the summary's worst/mean sub-model accuracy."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from hfl.cli import main
+from hfl.errors import ConfigError
+from hfl.methods import build_method
+from hfl.methods.nefl import NormCopies, StepCopies, omission_order
+from hfl.models import build_model, nefl_do_step_sizes
+from hfl.server import run_experiment
+from hfl.submodel.spec import SubmodelSpec, extract
+from hfl.types import ClientUpdate, RoundContext, TrainSettings
+from tests.conftest import QUICKSTART, small_config
+
+SETTINGS = TrainSettings(0.1, 0.0, 0.0, 1, 32)
+
+
+def nefl(model="preresnet20", **method):
+    """NeFL over a width-1 global model for 3-channel 16x16 inputs, with its initial global state
+    given random batch-norm statistics and affine weights (so the copy in use matters)."""
+    config = small_config(method={"name": "nefl", **method}, model={"name": model})
+    method = build_method(config.method, build_model(model, 3, 10))
+    build = lambda width: method.adapt_model(build_model(model, 3, 10, width=width))
+    torch.manual_seed(0)
+    state = method.initial_global_state(build)
+    gen = torch.Generator().manual_seed(1)
+    for key, value in state.items():
+        if value.is_floating_point() and ("bn" in key or "norm" in key or "shortcut.1" in key):
+            state[key] = (torch.rand(value.shape, generator=gen) + 0.5) if key.endswith(("running_var", "weight")) else torch.randn(value.shape, generator=gen)
+    return method, state, build
+
+
+def client(method, state, build, index):
+    spec = method.spec_for(index)
+    model = method.client_model(spec, build)
+    model.load_state_dict(extract(state, spec), strict=True)
+    return model.eval(), spec
+
+
+@pytest.mark.parametrize("model", ["preresnet20", "resnet18"])
+def test_whole_submodel_with_unit_steps_is_the_plain_resnet(model):
+    method, state, build = nefl(model)
+    whole, _ = client(method, state, build, 5)
+    plain = build_model(model, 3, 10).eval()
+    # The plain model's weights: sub-model 5's batch-norm copies, no step sizes.
+    plain.load_state_dict({k.replace(".m5.", "."): v for k, v in whole.state_dict().items() if ".step" not in k})
+    x = torch.randn(4, 3, 16, 16)
+
+    assert all(float(v) == 1.0 for k, v in whole.state_dict().items() if ".step" in k)
+    assert torch.equal(whole(x), plain(x))
+
+
+def test_omission_order_takes_each_stages_last_block_deepest_stage_first():
+    assert omission_order(build_model("preresnet20", 3, 10)) == [8, 5, 2, 7, 4, 1, 6, 3, 0]
+
+
+def test_depth_submodels_skip_exactly_the_planned_blocks():
+    method, state, build = nefl(scaling="d")
+    expected = {1: {5, 6, 7, 8}, 2: {5, 7, 8}, 3: {4, 5, 8}, 4: {6}, 5: set()}
+    assert {s.index: set(s.omitted) for s in method.submodels_} == expected
+    for sub in method.submodels_:
+        assert sub.params <= sub.gamma * method.total_params and sub.width == 1.0
+        model, spec = client(method, state, build, sub.index)
+        ran = []
+        for i, block in enumerate(model.body):
+            if hasattr(block, "conv1"):
+                block.conv1.register_forward_hook(lambda *_, i=i, ran=ran: ran.append(i))
+        model(torch.randn(2, 3, 16, 16))
+        assert set(range(9)) - set(ran) == expected[sub.index]
+        for i in expected[sub.index]:
+            if i in (3, 6):  # a stage opener keeps its projection shortcut, so the shapes still meet
+                assert model.body[i].branch_skipped and f"body.{i}.shortcut.weight" not in spec.absent
+            else:
+                assert isinstance(model.body[i], nn.Identity)
+            assert f"body.{i}.conv1.weight" in spec.absent
+
+
+def test_width_and_width_depth_submodels_hold_their_share_of_the_parameters():
+    for scaling in ("w", "wd"):
+        method, _, _ = nefl(scaling=scaling)
+        for sub in method.submodels_:
+            assert sub.gamma - 0.02 <= sub.params / method.total_params <= sub.gamma + 1e-9, (scaling, sub)
+    wd, _, _ = nefl(scaling="wd")
+    assert wd.submodels_[0].omitted and wd.submodels_[0].width < 1  # both scalings at gamma 0.2
+
+
+def test_each_submodel_holds_only_its_own_norms_and_step_sizes():
+    method, state, build = nefl()
+    model, spec = client(method, state, build, 2)
+    copies = [m for m in model.modules() if isinstance(m, (NormCopies, StepCopies))]
+    assert copies and all(m.active == "m2" for m in copies)
+    assert not [k for k in model.state_dict() if any(f".m{j}." in k + "." for j in (1, 3, 4, 5))]
+    assert {k for k in state if ".m2." in k + "."} - spec.absent  # its own copies are held
+
+
+def update(method, state, index, shift, weight=1.0, client_id=0):
+    spec = method.spec_for(index)
+    sent = {k: v + shift if v.is_floating_point() else v for k, v in extract(state, spec).items()}
+    return ClientUpdate(client_id, sent, weight, spec, {})
+
+
+def test_inconsistent_parameters_of_a_submodel_move_only_with_its_clients():
+    method, state, _ = nefl()
+    updates = [update(method, state, 1, 1.0), update(method, state, 1, 3.0, weight=50.0), update(method, state, 3, 10.0)]
+    new, method_state = method.aggregate(state, updates, method.init_state())
+
+    assert method_state["trained_submodels"] == [1, 3]
+    for key in state:
+        if not state[key].is_floating_point():
+            continue
+        delta = new[key] - state[key]
+        if ".m2." in key + "." or ".m4." in key + "." or ".m5." in key + ".":
+            assert torch.equal(delta, torch.zeros_like(delta)), key  # nobody trained sub-models 2, 4, 5
+        for index, mean_shift in ((1, 2.0), (3, 10.0)):  # sub-model 1: (1 + 3) / 2, each client once (Algorithm 2, line 13)
+            if f".m{index}." in key + ".":
+                spec = method.spec_for(index)
+                if key in spec.absent:  # the copy of a block this sub-model omits
+                    assert torch.equal(delta, torch.zeros_like(delta)), key
+                else:
+                    held = extract({key: delta}, spec)[key]
+                    assert torch.allclose(held, torch.full_like(held, mean_shift)), key
+
+
+def test_nefedavg_is_the_masked_mean_of_appendix_b3():
+    """A layer in sub-models 1, 3 and 5 (not 2 and 4), trained by 2, 3 and 2 clients: the slice
+    sub-model 1 holds is averaged over 7 updates, the part 3 adds over 5, the part only 5 holds over 2."""
+    method, _, _ = nefl()
+    state = {"layer": torch.zeros(10)}
+    width = {1: 2, 3: 5}
+    spec = {k: SubmodelSpec(indices={"layer": {0: torch.arange(n)}}) for k, n in width.items()}
+    spec[5] = SubmodelSpec()
+    spec[2] = spec[4] = SubmodelSpec(absent=frozenset({"layer"}))
+    values = {1: [1.0, 2.0], 3: [10.0, 20.0, 30.0], 5: [100.0, 200.0], 2: [], 4: []}
+    updates = []
+    for k, vs in values.items():
+        for v in vs:  # sample counts must not matter: NeFedAvg counts clients
+            size = width.get(k, 10)
+            updates.append(ClientUpdate(len(updates), {"layer": torch.full((size,), v)}, 1.0 + 97 * v, spec[k], {}))
+    new, _ = method.aggregate(state, updates, method.init_state())
+
+    expected = torch.tensor([363 / 7] * 2 + [360 / 5] * 3 + [300 / 2] * 5)
+    assert torch.allclose(new["layer"], expected)
+
+
+def test_do_initial_steps_compensate_the_omitted_blocks_per_submodel():
+    method, state, _ = nefl(scaling="d", initial_steps="do")
+    for sub in method.submodels_:
+        steps = nefl_do_step_sizes(9, sub.omitted)
+        for i in range(9):
+            if i not in sub.omitted:
+                assert float(state[f"body.{i}.step.{sub.copy_name}"]) == steps[i]
+    # Sub-model 1 omits blocks 5-8 (0-based), sub-model 3 blocks 4, 5 and 8: the kept block before them takes their steps.
+    assert float(state["body.4.step.m1"]) == 5.0 and float(state["body.3.step.m3"]) == 3.0 and float(state["body.7.step.m3"]) == 2.0
+    assert float(state["body.0.step.m1"]) == 1.0
+
+
+def test_fixed_step_sizes_are_held_but_never_trained_or_sent():
+    method, state, _ = nefl(learnable_steps=False)
+    spec = method.spec_for(3)
+    steps = {k for k in state if ".step." in k and k.endswith(".m3")} - spec.absent  # its kept blocks' step sizes
+    assert len(steps) == 9 - len(method.submodels_[2].omitted) and steps <= spec.frozen
+
+
+def test_dynamic_tiers_draw_within_each_tiers_window():
+    method, _, _ = nefl()
+    method.use_budgets([None] * 100, 32)
+    windows = {0: {1, 2, 3}, 1: {1, 2, 3, 4}, 2: {1, 2, 3, 4, 5}, 3: {2, 3, 4, 5}, 4: {3, 4, 5}}
+    for tier, window in windows.items():
+        drawn = {method.plan(RoundContext(r, 20 * tier, 0, 50, SETTINGS), {}).options["submodel"] for r in range(60)}
+        assert drawn == window
+
+
+def test_a_cnn_scales_width_only_and_refuses_depth_scaling():
+    method, state, build = nefl("cnn")
+    assert all(not s.omitted for s in method.submodels_) and method.submodels_[0].width < 1
+    model, _ = client(method, state, build, 1)
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="method.scaling"):
+        nefl("cnn", scaling="d")
+
+
+def test_vit_submodels_take_attention_and_mlp_step_copies():
+    config = small_config(method={"name": "nefl", "scaling": "d"}, model={"name": "vit"})
+    method = build_method(config.method, build_model("vit", 3, 10))
+    keys = method.model.state_dict()
+    assert "body.0.attn_step.m1" in keys and "body.0.mlp_step.m5" in keys
+    assert method.submodels_[0].omitted  # encoder blocks omitted at gamma 0.2
+
+
+def test_bad_gammas_name_the_field():
+    with pytest.raises(ConfigError, match="gammas"):
+        small_config(method={"name": "nefl", "gammas": [0.5, 0.2, 1.0]})
+
+
+def test_budget_prints_each_submodels_parameters_and_flops(tmp_path, capsys):
+    out_json = tmp_path / "budget.json"
+    assert main(["budget", str(QUICKSTART), "method.name=nefl", "model.name=preresnet20", "method.scaling=w", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Sub-models of nefl (NeFL's Table 8"):].splitlines()
+    assert table[1].split()[:4] == ["submodel", "gamma", "params", "ratio"]
+    assert [line.split()[0] for line in table[3:9]] == ["1", "2", "3", "4", "5", "mean"]
+    levels = json.loads(out_json.read_text())["levels"]
+    assert all(row["flops"] > 0 and row["peak_bytes"] > 0 for row in levels[:5])
+    assert levels[0]["flops"] < levels[-2]["flops"]
+
+
+def test_a_run_reports_worst_and_mean_submodel_accuracy(tmp_path):
+    config = small_config(method={"name": "nefl"}, model={"name": "preresnet20"}, fl={"rounds": 2, "clients": 5, "fraction": 1.0})
+    summary = run_experiment(config, tmp_path)
+
+    assert summary["client_rounds"] == 10
+    assert 0 <= summary["worst_submodel_accuracy"] <= summary["mean_submodel_accuracy"] <= 1
