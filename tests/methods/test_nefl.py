@@ -193,6 +193,13 @@ def test_vit_submodels_take_attention_and_mlp_step_copies():
     assert method.submodels_[0].omitted  # encoder blocks omitted at gamma 0.2
 
 
+def test_vit_trains_width_and_depth_submodels(tmp_path):
+    config = small_config(method={"name": "nefl", "scaling": "wd"}, model={"name": "vit"}, fl={"rounds": 1, "clients": 5, "fraction": 1.0})
+    summary = run_experiment(config, tmp_path)
+
+    assert summary["client_rounds"] == 5 and summary["worst_submodel_accuracy"] > 0.2  # above chance (0.1) after one round
+
+
 def test_bad_gammas_name_the_field():
     with pytest.raises(ConfigError, match="gammas"):
         small_config(method={"name": "nefl", "gammas": [0.5, 0.2, 1.0]})
