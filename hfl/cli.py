@@ -147,7 +147,7 @@ def level_cell(key: str, value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def env_method_title(config: Any) -> str:
+def method_level_title(config: Any) -> str:
     from hfl.registry import METHODS
 
     return METHODS.get(config.method.name, field="method.name").level_table_title
@@ -182,7 +182,7 @@ def command_budget(args: argparse.Namespace) -> int:
         print(table(["tier", "budget", "estimated peak", "trains"],
                     [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"]] for p in report["plans"]]))
     if report.get("levels"):
-        print(f"\nSub-models of {config.method.name} ({env_method_title(config)}; FLOPs: forward, per sample; memory: training)")
+        print(f"\nSub-models of {config.method.name} ({method_level_title(config)}; FLOPs: forward, per sample; memory: training)")
         columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))

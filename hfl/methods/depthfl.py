@@ -126,7 +126,7 @@ class DepthFL(Method):
         self.depths = (*(b + 1 for b in self.exit_after), len(model.blocks()))
         """Body blocks of each prefix a client may train, shallowest first; the last is the whole model."""
         window = config.tier_window
-        self.tiers = DynamicTiers(len(self.depths), window) if window >= 0 else None
+        self.tiers = DynamicTiers.for_window(len(self.depths), window)
         """NeFL's dynamic tiers over the prefixes; None: each client trains its deepest fitting prefix."""
 
     def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:

@@ -182,7 +182,7 @@ class FjORD(Method):
         super().__init__(config, model, accountant)
         self.ladder = tuple(sorted({float(w) for w in config.widths}))
         window = config.tier_window
-        self.tiers = DynamicTiers(len(self.ladder), window) if window >= 0 else None
+        self.tiers = DynamicTiers.for_window(len(self.ladder), window)
         """NeFL's dynamic tiers over the ladder; None: each client's p_max is its widest fitting width."""
         self.norm_per_width = model.norm == "bn"
         """A batch norm per width; with static batch norm the evaluation recomputes statistics per width instead."""

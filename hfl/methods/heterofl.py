@@ -77,7 +77,7 @@ class HeteroFL(Method):
     def __init__(self, config: HeteroFLConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
         super().__init__(config, model, accountant)
         window = config.tier_window
-        self.tiers = DynamicTiers(len(config.widths), window) if window >= 0 else None
+        self.tiers = DynamicTiers.for_window(len(config.widths), window)
         """NeFL's dynamic tiers over the rates, smallest first; None: each client trains its widest fitting rate."""
 
     def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:

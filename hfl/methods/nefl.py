@@ -230,8 +230,12 @@ class NeFL(Method):
         if config.scaling == "d" and not self.residual:
             raise ConfigError("method.scaling", "d", f"'w' or 'wd': {type(model).__name__} has no residual blocks to omit")
         self.total_params = held_parameters(model, SubmodelSpec())
+        self.order = omission_order(model) if self.residual else []
+        """Blocks depth scaling may omit, in the order equal-sized ones go."""
+        self.saved = {b: self.total_params - held_parameters(model, drop_blocks(SubmodelSpec(), model, {b})) for b in self.order}
+        """Parameters omitting each block saves."""
         self.submodels_ = [self._scale(k, g) for k, g in enumerate(config.gammas, start=1)]
-        self.tiers = DynamicTiers(len(self.submodels_), config.tier_window) if config.tier_window >= 0 else None
+        self.tiers = DynamicTiers.for_window(len(self.submodels_), config.tier_window)
         self.batch_size = 32
         self._specs: dict[int, SubmodelSpec] = {}
         self._costs: dict[tuple, TrainingCost] = {}
@@ -247,9 +251,7 @@ class NeFL(Method):
         omitted: frozenset[int] = frozenset()
         if "d" in scaling and self.residual and gamma < 1:
             depth_gamma = gamma if scaling == "d" else gamma**self.config.depth_exponent
-            full = SubmodelSpec()
-            saved = {b: total - held_parameters(self.model, drop_blocks(full, self.model, {b})) for b in omission_order(self.model)}
-            omitted = blocks_to_omit(omission_order(self.model), saved, total, depth_gamma)
+            omitted = blocks_to_omit(self.order, self.saved, total, depth_gamma)
         width = 1.0
         if "w" in scaling and gamma < 1:
             width = self._width_for(gamma * total, omitted)
@@ -360,8 +362,9 @@ class NeFL(Method):
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
         count = len(self.submodels_)
         if self.tiers is not None:
-            level = self.tiers.draw(ctx, lambda k: self.fits(ctx, k + 1))
-            allowed = [k + 1 for k in self.tiers.allowed(ctx, lambda k: self.fits(ctx, k + 1))]
+            levels = self.tiers.allowed(ctx, lambda k: self.fits(ctx, k + 1))
+            level = self.tiers.pick(ctx, levels)
+            allowed = [k + 1 for k in levels]
         else:
             level = next((k for k in reversed(range(count)) if self.fits(ctx, k + 1)), None)
             allowed = [] if level is None else [level + 1]

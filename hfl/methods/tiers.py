@@ -34,6 +34,11 @@ class DynamicTiers:
         self.num_clients: int | None = None
         """Clients in the run (from `use_budgets`); without it a client's tier is its id modulo the levels."""
 
+    @classmethod
+    def for_window(cls, levels: int, window: int) -> DynamicTiers | None:
+        """Tiers over `levels` with a config's `tier_window`; None when it is -1 (off)."""
+        return cls(levels, window) if window >= 0 else None
+
     def use_budgets(self, budgets: Sequence[ClientBudget | None]) -> None:
         self.num_clients = len(budgets)
 
@@ -58,7 +63,11 @@ class DynamicTiers:
     def draw(self, ctx: RoundContext, fits: Callable[[int], bool]) -> int | None:
         """This client-round's level, uniform over `allowed` (seeded by the client-round); None
         when no level fits the budget."""
-        allowed = self.allowed(ctx, fits)
+        return self.pick(ctx, self.allowed(ctx, fits))
+
+    @staticmethod
+    def pick(ctx: RoundContext, allowed: Sequence[int]) -> int | None:
+        """One of `allowed`, uniformly, seeded by the client-round; None when it is empty."""
         if not allowed:
             return None
         return allowed[int(torch.randint(len(allowed), (), generator=ctx.generator(TIER_STREAM)))]
