@@ -234,7 +234,9 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tm
         reference = by_params(finished)[key]
         assert scores(row["run_dir"]) == scores(reference["run_dir"])
         assert (row["accuracy"], row["best_accuracy"], row["rounds"]) == (reference["accuracy"], reference["best_accuracy"], 4)
-        # Tune saw every round once: the interrupted trial went on from its checkpoint (a restart
-        # from scratch would have reported round 1 twice).
-        assert reported_rounds(out / "tune" / row["trial_id"] / "result.json") == [1, 2, 3, 4]
+        # The interrupted trial went on from a checkpoint, not from scratch (which would report round
+        # 1 twice). Ray 2.60 may persist a round's result before the checkpoint sent with it; a trial
+        # stopped in between resumes from the checkpoint before and reports that one round again.
+        rounds = reported_rounds(out / "tune" / row["trial_id"] / "result.json")
+        assert sorted(set(rounds)) == [1, 2, 3, 4] and rounds.count(1) == 1 and len(rounds) <= 5, rounds
     assert resumed.best_metric == finished.best_metric
