@@ -94,6 +94,7 @@ class ClientModule(L.LightningModule):
         self.stage = stage
         frozen = self.task.spec.frozen
         for model in (self.model, *self.peers):
+            model.zero_grad(set_to_none=True)  # the last stage's gradients would stay alive through this one
             for name, param in model.named_parameters():
                 param.requires_grad_(name not in frozen and (trainable is None or name in trainable))
 
@@ -114,9 +115,12 @@ class ClientModule(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         settings = self.task.ctx.train
         params = [p for model in (self.model, *self.peers) for p in model.parameters() if p.requires_grad]
+        # The multi-tensor (`foreach`) optimisers on every device: the ones CUDA picks by default and
+        # the accounting measures (on the CPU torch would loop over tensors, with the same results
+        # and smaller temporaries).
         if settings.optimizer == "adam":
-            return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
-        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+            return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
 
     def mean_loss(self) -> float:
         return float(self.loss_sum) / max(self.steps, 1)

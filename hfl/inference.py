@@ -29,19 +29,17 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from hfl.accounting.memory import LiveStorageTracker
 from hfl.models import ScalableModel
 
 if TYPE_CHECKING:
@@ -67,49 +65,6 @@ def module_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-class _StorageTracker(TorchDispatchMode):
-    """Counts the bytes of CPU tensor storages created by torch operations while active and still alive.
-
-    Each storage is counted once, however many views share it; an output that shares an input's
-    storage (a view, an in-place op) allocated nothing. A storage leaves the count when it is freed
-    (a weak reference: torch keeps one Python object per storage while the storage lives)."""
-
-    def __init__(self, on_change: Callable[[], None]) -> None:
-        super().__init__()
-        self.live_bytes = 0
-        self._sizes: dict[int, int] = {}
-        self._on_change = on_change
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        inputs: set[int] | None = None
-        for t in pytree.tree_leaves(out):
-            if not isinstance(t, Tensor) or t.device.type != "cpu" or t.layout != torch.strided:
-                continue
-            storage = t.untyped_storage()
-            if id(storage) in self._sizes:
-                continue
-            if inputs is None:
-                leaves = pytree.tree_leaves((args, kwargs))
-                inputs = {id(a.untyped_storage()) for a in leaves if isinstance(a, Tensor) and a.layout == torch.strided}
-            if id(storage) not in inputs:
-                self._add(storage)
-        return out
-
-    def _add(self, storage: torch.UntypedStorage) -> None:
-        key, size = id(storage), storage.nbytes()
-        self._sizes[key] = size
-        weakref.finalize(storage, self._free, key)
-        self.live_bytes += size
-        self._on_change()
-
-    def _free(self, key: int) -> None:
-        self.live_bytes -= self._sizes.pop(key, 0)
-
-    def stop(self) -> None:
-        self._sizes.clear()  # storages freed later no longer change a finished count
-
-
 class PeakMemoryMeter:
     """A context manager measuring the peak bytes of tensor memory in use on `device` inside it.
 
@@ -125,7 +80,7 @@ class PeakMemoryMeter:
         self.device = torch.device(device)
         self.peak_bytes = 0
         self._charged = 0
-        self._tracker: _StorageTracker | None = None
+        self._tracker: LiveStorageTracker | None = None
         self._base = 0
 
     def __enter__(self) -> Self:
@@ -135,7 +90,7 @@ class PeakMemoryMeter:
             self._base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.device.type == "cpu":
-            self._tracker = _StorageTracker(self._update)
+            self._tracker = LiveStorageTracker("cpu", on_change=self._update)
             self._tracker.__enter__()
         else:
             raise ValueError(f"memory can be measured on cpu or cuda, not {self.device}")

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hfl.accounting.cost import TrainingCost, measure_training_cost
+from torch import nn
+
+from hfl.accounting.cost import (
+    Step,
+    TrainingCost,
+    cross_entropy_step,
+    measure_training_cost,
+)
 from hfl.models.base import ScalableModel
 from hfl.submodel.spec import SubmodelSpec, shape_model
 
@@ -33,10 +40,22 @@ class Accountant:
     input_shape: tuple[int, ...]
     num_classes: int
     optimizer: str = "sgd_momentum"
+    weight_decay: float = 0.0
+    """The clients' weight decay: the optimiser's temporaries depend on it."""
     adapt: Callable[[ScalableModel], ScalableModel] = unchanged
     """The method's changes to every model it trains (exits, a norm per width); budgets written as
     `width:` amounts are costed without them, so they mean the same for every method."""
     _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
+
+    def measure(
+        self, model: nn.Module, batch_size: int, step: Step = cross_entropy_step, *, count_flops: bool = True, record_only: str | None = None
+    ) -> TrainingCost:
+        """Measure training `model` as this experiment's clients train (its input shape, classes,
+        optimiser and weight decay); uncached, for models a method builds itself."""
+        return measure_training_cost(
+            model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
+            record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay,
+        )
 
     def cost(self, width: float, batch_size: int, spec: SubmodelSpec | None = None, *, adapted: bool = True) -> TrainingCost:
         spec = spec or SubmodelSpec()
@@ -48,7 +67,7 @@ class Accountant:
             shape_model(model, spec)
             for name, param in model.named_parameters():
                 param.requires_grad_(name not in spec.frozen)
-            self._cache[key] = measure_training_cost(model, self.input_shape, self.num_classes, batch_size, self.optimizer)
+            self._cache[key] = self.measure(model, batch_size)
         return self._cache[key]
 
     def block_cost(self, block: int, batch_size: int, width: float = 1.0) -> TrainingCost:
@@ -60,7 +79,5 @@ class Accountant:
             model.requires_grad_(False)
             model.body[block].requires_grad_(True)
             model.head.requires_grad_(True)
-            self._cache[key] = measure_training_cost(
-                model, self.input_shape, self.num_classes, batch_size, self.optimizer, record_only=f"body.{block}"
-            )
+            self._cache[key] = self.measure(model, batch_size, record_only=f"body.{block}")
         return self._cache[key]

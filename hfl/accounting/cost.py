@@ -1,17 +1,25 @@
 """What one client-round of training costs: memory by kind, FLOPs, and the bytes it moves.
 
-Activation memory is measured, not modelled: a real forward pass runs under
-`torch.autograd.graph.saved_tensors_hooks`, which sees every tensor autograd keeps for backward.
-A frozen prefix whose inputs need no gradient saves nothing, a skipped block saves nothing, and an
-op that saves a view of an existing tensor costs nothing extra (storages are counted once). FLOPs
-come from `torch.utils.flop_counter.FlopCounterMode`. Both scale linearly with the batch, so they
-are measured at two small batch sizes and extrapolated: exact for the models here, and cheap.
+Memory is measured, not modelled. Two real training steps (zero_grad, forward, backward, optimiser
+step, as a client runs them; the second with the optimiser state the first created) run under a
+`LiveStorageTracker`, which sees every tensor the step creates and frees: gradients, optimiser
+state and its temporaries, activations saved for backward, the gradients of activations. The peak
+is the largest total at any moment, plus the tensors held throughout (weights, one input batch).
+Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`), for the
+breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`.
+
+Every tensor a step creates is either independent of the batch size or proportional to it, so the
+live total at each moment of the step is affine in the batch: the steps run at batch sizes 2 and 4
+and the timeline is extrapolated moment by moment, which gives the peak at any batch size exactly
+(checked against a direct run in the tests) and cheaply. The optimiser is the multi-tensor
+(`foreach`) implementation clients use (`hfl.client.client_optimizer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -20,7 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hfl.accounting.memory import LiveStorageTracker
 from hfl.models.base import ScalableModel
+
+log = logging.getLogger(__name__)
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 """Optimiser state per trainable parameter, in parameter-sized copies."""
@@ -49,14 +60,14 @@ class TrainingCost:
     activation_bytes: int
     """Tensors autograd saves for backward, for one batch."""
     input_bytes: int
-    """One input batch."""
+    """One batch of inputs and labels."""
+    peak_bytes: int
+    """Estimated peak training memory: the largest total, at any moment of a steady training step,
+    of the weights, the batch and every tensor the step holds (see the module docstring). Less than
+    the sum of the parts above when gradients and activations are not all alive at once, more when
+    transient tensors (the gradients of activations, an optimiser's temporaries) add to them."""
     forward_flops_per_sample: int
     backward_flops_per_sample: int
-
-    @property
-    def peak_bytes(self) -> int:
-        """Estimated peak training memory: everything above alive at once during backward."""
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes + self.input_bytes
 
     @property
     def train_flops_per_sample(self) -> int:
@@ -89,33 +100,76 @@ class SavedTensorMeter:
         return t
 
 
-def _measure_once(
-    model: nn.Module, x: Tensor, y: Tensor, step: Step, record_only: nn.Module | None, count_flops: bool = True
-) -> tuple[int, int, int]:
-    """(activation bytes, forward FLOPs, backward FLOPs) of one training step on batch (x, y); without
-    `count_flops` only the forward pass runs (autograd saves while going forward) and FLOPs are 0."""
-    held = [*model.parameters(), *model.buffers()]
-    meter = SavedTensorMeter(exclude=[*held, x])
+def probe_optimizer(params: list[nn.Parameter], optimizer: str, weight_decay: float) -> torch.optim.Optimizer:
+    """The optimiser a client of this kind builds, in the implementation clients use (`foreach`,
+    whose temporaries span all parameters at once). Its learning rate is irrelevant to memory."""
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-3, weight_decay=weight_decay, foreach=True)
+    momentum = 0.9 if optimizer == "sgd_momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, weight_decay=weight_decay, foreach=True)
+
+
+@dataclass(frozen=True)
+class _StepMeasurement:
+    timeline: list[int]
+    """Bytes alive after every allocation of the two steps (besides the weights and the batch)."""
+    activation_bytes: int
+    forward_flops: int
+    backward_flops: int
+
+
+def _measure_steps(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    step: Step,
+    optimizer: str,
+    weight_decay: float,
+    record_only: nn.Module | None,
+    count_flops: bool,
+) -> _StepMeasurement:
+    """Two training steps of `model` on batch (x, y) under the live-storage tracker; the first step's
+    saved activations (only `record_only`'s, if given) and FLOPs."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = probe_optimizer(trainable, optimizer, weight_decay) if trainable else None
+    meter = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
     hooks = []
     if record_only is not None:  # count only what this module saves (e.g. one block of a depth-wise method)
         meter.recording = False
         hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter, "recording", True)))
         hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter, "recording", False)))
-    counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+    tracker = LiveStorageTracker(x.device.type, record=True)
     forward = backward = 0
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-            loss = step(model, x, y)
-            if count_flops:
-                forward = counter.get_total_flops()
-                if loss.requires_grad:
-                    loss.backward()
-        if count_flops:
-            backward = counter.get_total_flops() - forward
+        with tracker:
+            for i in range(2):
+                first = i == 0
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                counter = FlopCounterMode(display=False) if first and count_flops else contextlib.nullcontext()
+                saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack) if first else contextlib.nullcontext()
+                with counter:
+                    with saving:
+                        loss = step(model, x, y)
+                    if first and count_flops:
+                        forward = counter.get_total_flops()
+                    if loss.requires_grad:
+                        loss.backward()
+                    if first and count_flops:
+                        backward = counter.get_total_flops() - forward
+                del loss
+                if opt is not None:
+                    opt.step()
     finally:
+        tracker.stop()
         for hook in hooks:
             hook.remove()
-    return meter.bytes, forward, backward
+        model.zero_grad(set_to_none=True)
+    return _StepMeasurement(tracker.timeline, meter.bytes, forward, backward)
+
+
+def _batch(input_shape: tuple[int, ...], num_classes: int, size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    return torch.randn(size, *input_shape, generator=gen), torch.randint(0, num_classes, (size,), generator=gen)
 
 
 def measure_training_cost(
@@ -127,37 +181,52 @@ def measure_training_cost(
     step: Step = cross_entropy_step,
     record_only: str | None = None,
     count_flops: bool = True,
+    weight_decay: float = 0.0,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
-    `batch_size` inputs of `input_shape` (C, H, W). `record_only` names a submodule whose saved
-    activations alone are counted. Without `count_flops` the FLOPs are reported as 0, and measuring
-    is several times faster on deep models (for searches over many shapes). The model is copied:
-    its weights and statistics stay unchanged."""
+    `batch_size` inputs of `input_shape` (C, H, W) with `optimizer` ("sgd", "sgd_momentum", "adam")
+    and `weight_decay`. `record_only` names a submodule whose saved activations alone are counted;
+    the peak is then that share's sum of parts (weights, gradients, optimiser state, its saved
+    activations, the batch), not a timeline. Without `count_flops` the FLOPs are reported as 0 (for
+    searches over many shapes). The model is copied: its weights and statistics stay unchanged."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_COPIES)}, got {optimizer!r}")
     probe = copy.deepcopy(model).train()
     region = probe.get_submodule(record_only) if record_only else None
     gen = torch.Generator().manual_seed(0)
-    samples = []
-    # Activations and FLOPs are affine in the batch size: two points fix the line. Batches of 2 and
-    # 4, because batch norm refuses a single sample on 1x1 feature maps.
-    for b in (2, 4):
-        x = torch.randn(b, *input_shape, generator=gen)
-        y = torch.randint(0, num_classes, (b,), generator=gen)
+
+    def measured(size: int) -> _StepMeasurement:
+        x, y = _batch(input_shape, num_classes, size, gen)
         with torch.random.fork_rng(devices=[]):
-            samples.append(_measure_once(probe, x, y, step, region, count_flops))
-    (a2, f2, b2), (a4, f4, b4) = samples
-    activation_bytes = a2 + (a4 - a2) * (batch_size - 2) // 2
+            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops)
+
+    # Batches of 2 and 4 (batch norm refuses a single sample on 1x1 feature maps) fix every moment's
+    # affine function of the batch size.
+    small, large = measured(2), measured(4)
     trainable = [p for p in model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     element = next(iter(model.parameters())).element_size()
+    param_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    input_bytes = batch_size * (element * int(torch.Size(input_shape).numel()) + torch.int64.itemsize)
+    activation_bytes = small.activation_bytes + (large.activation_bytes - small.activation_bytes) * (batch_size - 2) // 2
+    optimizer_bytes = grad_bytes * OPTIMIZER_STATE_COPIES[optimizer]
+    if region is not None:
+        peak = param_bytes + grad_bytes + optimizer_bytes + activation_bytes + input_bytes
+    else:
+        if len(small.timeline) == len(large.timeline):
+            created = max((a + (b - a) * (batch_size - 2) // 2 for a, b in zip(small.timeline, large.timeline)), default=0)
+        else:  # the two steps did not allocate alike (a size-dependent kernel path): measure directly
+            log.debug("timelines of %d and %d allocations: measuring at batch %d", len(small.timeline), len(large.timeline), batch_size)
+            created = max(measured(batch_size).timeline, default=0)
+        peak = param_bytes + input_bytes + created
     return TrainingCost(
         batch_size=batch_size,
-        param_bytes=sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]),
+        param_bytes=param_bytes,
         grad_bytes=grad_bytes,
-        optimizer_bytes=grad_bytes * OPTIMIZER_STATE_COPIES[optimizer],
+        optimizer_bytes=optimizer_bytes,
         activation_bytes=activation_bytes,
-        input_bytes=batch_size * element * int(torch.Size(input_shape).numel()),
-        forward_flops_per_sample=(f4 - f2) // 2,
-        backward_flops_per_sample=(b4 - b2) // 2,
+        input_bytes=input_bytes,
+        peak_bytes=peak,
+        forward_flops_per_sample=(large.forward_flops - small.forward_flops) // 2,
+        backward_flops_per_sample=(large.backward_flops - small.backward_flops) // 2,
     )

@@ -98,6 +98,7 @@ class ClientEnvironment:
             input_shape=tuple(data.train_x.shape[1:]),
             num_classes=data.num_classes,
             optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
+            weight_decay=config.fl.weight_decay,
         )
         _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
         method = build_method(config.method, build_model_for(config, data), accountant, budgets, config.fl.batch_size)

@@ -2,8 +2,10 @@
 Heterogeneous Federated Learning", AAAI 2024 (arXiv:2303.04887).
 
 Every client trains the whole model, one group of consecutive blocks at a time. The groups come from
-the client's memory budget and the accountant's per-block training memory (`decompose`, the paper's
-Figure 3): blocks are packed in order while the group's estimated memory fits. For group j the
+the client's memory budget (`decompose`, the paper's Figure 3): blocks are packed in order while the
+group's training memory, measured by the accountant for that group (frozen prefix, group, skip
+connection and head), fits. The paper sums per-block memories; a group's own measurement also
+counts what its blocks share once (the frozen prefix's forward, the head, the batch), not per block. For group j the
 earlier blocks are frozen and run without saving activations, the group is trained together with the
 head, and the group's output reaches the head through a skip connection over the remaining blocks
 (problem (1)); the head trained with group j is the starting point for group j+1 (Algorithm 1).
@@ -33,8 +35,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
-from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.accounting.cost import TrainingCost
 from hfl.config import check, check_choice
 from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.methods.depthfl import mutual_distillation
@@ -61,26 +64,25 @@ Group = tuple[int, int]
 """First and last body block of a group, inclusive."""
 
 
-def decompose(block_costs: Sequence[float], budget: float) -> tuple[list[Group], list[int]]:
+def decompose(num_blocks: int, fits: Callable[[Group], bool]) -> tuple[list[Group], list[int]]:
     """Memory-adaptive decomposition (Figure 3): consecutive blocks are packed into one group while
-    the sum of their costs fits `budget`; a block that does not fit alone is skipped (partial
-    training) and ends the group before it. Returns (groups, skipped blocks)."""
+    `fits(group)` (the group's training fits the budget); a block that does not fit alone is
+    skipped (partial training) and ends the group before it. Returns (groups, skipped blocks)."""
     groups: list[Group] = []
     skipped: list[int] = []
-    first, used = None, 0.0
-    for block, cost in enumerate(block_costs):
-        if first is not None and used + cost <= budget:
-            used += cost
+    first = None
+    for block in range(num_blocks):
+        if first is not None and fits((first, block)):
             continue
         if first is not None:
             groups.append((first, block - 1))
             first = None
-        if cost <= budget:
-            first, used = block, cost
+        if fits((block, block)):
+            first = block
         else:
             skipped.append(block)
     if first is not None:
-        groups.append((first, len(block_costs) - 1))
+        groups.append((first, num_blocks - 1))
     return groups, skipped
 
 
@@ -224,22 +226,11 @@ class FeDepth(Method):
             def step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
                 return self.stage_loss(list(m), x, y, group)["loss"]
 
-            self._stage_costs[key] = measure_training_cost(
-                ensemble, self.accountant.input_shape, self.accountant.num_classes, batch_size, self.accountant.optimizer, step=step
-            )
+            self._stage_costs[key] = self.accountant.measure(ensemble, batch_size, step)
         return self._stage_costs[key]
 
-    def block_costs(self, models: int, batch_size: int) -> tuple[list[int], int]:
-        """(each block's own training memory, the memory every group shares): the fixed part is the
-        resident weights and one input batch; a block's part is its saved activations (and its
-        classifier's), its gradients and optimiser state, and its classifier's."""
-        fixed = 0
-        costs = []
-        for block in range(self.num_blocks):
-            cost = self.stage_cost((block, block), models, batch_size)
-            fixed = cost.param_bytes + cost.input_bytes
-            costs.append(cost.peak_bytes - fixed)
-        return costs, fixed
+    def group_fits(self, group: Group, *, models: int, batch_size: int, budget: int) -> bool:
+        return self.stage_cost(group, models, batch_size).peak_bytes <= budget
 
     def layout_for(self, budget: int | None, batch_size: int) -> Layout | None:
         """The models and block groups a budget trains; None when not even one block fits."""
@@ -252,8 +243,7 @@ class FeDepth(Method):
         if budget is None or self.accountant is None:
             return Layout(self.config.max_models, ((0, self.num_blocks - 1),), ())
         for models in range(self.config.max_models, 0, -1):
-            costs, fixed = self.block_costs(models, batch_size)
-            groups, skipped = decompose(costs, budget - fixed)
+            groups, skipped = decompose(self.num_blocks, partial(self.group_fits, models=models, batch_size=batch_size, budget=budget))
             if groups and (models == 1 or not skipped):
                 return Layout(models, tuple(groups), tuple(skipped))
         return None

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.accounting.cost import TrainingCost
 from hfl.config import check
 from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.methods.tiers import DynamicTiers
@@ -240,9 +240,7 @@ class FjORD(Method):
             acc = self.accountant
             model = self.adapt_model(acc.build(spec.width))
             step = lambda m, x, y: self.losses(m, x, y, self.ladder[0], p)["loss"]
-            self._distillation_costs[key] = measure_training_cost(
-                model, acc.input_shape, acc.num_classes, batch_size, acc.optimizer, step=step
-            )
+            self._distillation_costs[key] = acc.measure(model, batch_size, step)
         return self._distillation_costs[key]
 
     def width_fits(self, p: float, ctx: RoundContext) -> bool:

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.accounting.cost import TrainingCost
 from hfl.config import check, check_choice
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, MethodConfig, MethodState
@@ -344,7 +344,7 @@ class NeFL(Method):
             model = self.client_model(spec, lambda width: self.adapt_model(acc.build(width)))
             for name, param in model.named_parameters():
                 param.requires_grad_(name not in spec.frozen)
-            self._costs[key] = measure_training_cost(model, acc.input_shape, acc.num_classes, batch_size, acc.optimizer)
+            self._costs[key] = acc.measure(model, batch_size)
         return self._costs[key]
 
     # -- plan -----------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import measure_training_cost
 from hfl.config import check, check_choice
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, MethodConfig, MethodState
@@ -385,9 +384,7 @@ class ScaleFL(Method):
             model.add_exits(sorted(exits), self.config.exit_kind)
             if depth < self.blocks:
                 model.truncate(depth)
-            self._memory[key] = measure_training_cost(
-                model, acc.input_shape, acc.num_classes, self.batch_size, acc.optimizer, count_flops=False
-            ).peak_bytes
+            self._memory[key] = acc.measure(model, self.batch_size, count_flops=False).peak_bytes
         return self._memory[key]
 
     def _memory_ratio(self, width: float, depth: int, cuts: Sequence[int]) -> float:

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import TrainingCost, measure_training_cost
+from hfl.accounting.cost import TrainingCost
 from hfl.config import check
 from hfl.methods.base import Method, MethodConfig, MethodState
 from hfl.models.base import ScalableModel
@@ -145,7 +145,7 @@ class SplitMix(Method):
         if batch_size not in self._pair_costs:
             acc = self.accountant
             pair = BaseEnsemble([self.adapt_model(acc.build(self.base_width)) for _ in range(2)])
-            self._pair_costs[batch_size] = measure_training_cost(pair, acc.input_shape, acc.num_classes, batch_size, acc.optimizer, step=ensemble_loss)
+            self._pair_costs[batch_size] = acc.measure(pair, batch_size, ensemble_loss)
         two = self._pair_costs[batch_size]
         return TrainingCost(**{f.name: getattr(one, f.name) + (k - 1) * (getattr(two, f.name) - getattr(one, f.name)) for f in fields(TrainingCost)})
 

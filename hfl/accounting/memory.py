@@ -1,0 +1,91 @@
+"""Live tensor memory, seen through a TorchDispatchMode: the device-independent twin of the CUDA
+caching allocator's `memory_allocated`.
+
+Every torch operation's outputs pass through `__torch_dispatch__`; a storage an operation creates
+(not a view of, or an in-place write into, one of its inputs) is counted from then until it is
+freed (a weak reference: torch keeps one Python object per storage while the storage lives). The
+count sees what the program holds: weights' gradients, optimiser state, activations saved for
+backward and every transient tensor (the gradients of activations during backward, an optimiser's
+temporaries). It does not see scratch memory a kernel allocates outside torch's tensors (a CPU
+convolution's im2col buffer, cuDNN's and cuBLAS's workspaces on CUDA), nor tensors that existed
+before the tracker started (the caller counts those).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CUDA_ALLOCATION_UNIT = 512
+"""The CUDA caching allocator hands out blocks in multiples of 512 bytes (its `kMinBlockSize`)."""
+
+
+def allocation_bytes(nbytes: int, unit: int = 1) -> int:
+    """`nbytes` rounded up to the allocator's unit, as the allocator would charge it."""
+    return -(-nbytes // unit) * unit if nbytes else 0
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Counts the bytes of the storages on `device_type` that torch operations create while the
+    mode is active and that are still alive (`live_bytes`), and the largest such count (`peak_bytes`).
+
+    Each storage is counted once, however many views share it, rounded up to `unit` bytes. With
+    `record`, the count after every allocation is appended to `timeline` (peaks happen right after
+    an allocation), so two runs of one program at different sizes can be compared event by event.
+    `on_change` is called after every allocation."""
+
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        *,
+        unit: int = 1,
+        record: bool = False,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.device_type, self.unit, self.record = device_type, unit, record
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.timeline: list[int] = []
+        self._sizes: dict[int, int] = {}
+        self._on_change = on_change
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs: set[int] | None = None
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, Tensor) or t.device.type != self.device_type or t.layout != torch.strided:
+                continue
+            storage = t.untyped_storage()
+            if id(storage) in self._sizes:
+                continue
+            if inputs is None:
+                leaves = pytree.tree_leaves((args, kwargs))
+                inputs = {id(a.untyped_storage()) for a in leaves if isinstance(a, Tensor) and a.layout == torch.strided}
+            if id(storage) not in inputs:
+                self._add(storage)
+        return out
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        key, size = id(storage), allocation_bytes(storage.nbytes(), self.unit)
+        self._sizes[key] = size
+        weakref.finalize(storage, self._free, key)
+        self.live_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if self.record:
+            self.timeline.append(self.live_bytes)
+        if self._on_change is not None:
+            self._on_change()
+
+    def _free(self, key: int) -> None:
+        self.live_bytes -= self._sizes.pop(key, 0)
+
+    def stop(self) -> None:
+        """Forget the storages still alive: freeing them later no longer changes a finished count."""
+        self._sizes.clear()
