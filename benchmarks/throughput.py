@@ -5,7 +5,7 @@ Work: digits, 100 IID clients, 10 per round, 5 local epochs, batch 8, SGD lr 0.0
 hfl also writes its metrics and a checkpoint every round, as a user's run does. The plain side is
 benchmarks/plain_fedavg.py, which imports no hfl.
 
-    python benchmarks/throughput.py [--repeats 5] [--trainer fast|lightning]
+    python benchmarks/throughput.py [--repeats 5] [--trainer fast|lightning] [--batch-clients N]
 
 The last line is `ratio=<median hfl/plain wall time>`; the target is <= 1.15.
 """
@@ -25,7 +25,7 @@ from hfl.config import config_from_dict
 from hfl.server import run_experiment
 
 
-def hfl_config(trainer: str):
+def hfl_config(trainer: str, batch_clients: int = 1):
     return config_from_dict({
         "name": "throughput",
         "data": {"name": "digits", "partition": "iid"},
@@ -33,12 +33,12 @@ def hfl_config(trainer: str):
         "method": {"name": "fedavg"},
         "fl": {"rounds": ROUNDS, "clients": CLIENTS, "fraction": PER_ROUND / CLIENTS, "local_epochs": EPOCHS,
                "batch_size": BATCH, "lr": LR},
-        "backend": {"device": "cpu", "trainer": trainer},
+        "backend": {"device": "cpu", "trainer": trainer, "batch_clients": batch_clients},
     })
 
 
-def run_hfl(trainer: str) -> tuple[float, float]:
-    config = hfl_config(trainer)
+def run_hfl(trainer: str, batch_clients: int) -> tuple[float, float]:
+    config = hfl_config(trainer, batch_clients)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         summary = run_experiment(config, out)
@@ -49,12 +49,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trainer", default="fast", choices=["fast", "lightning"])
+    parser.add_argument("--batch-clients", type=int, default=1, help="hfl's backend.batch_clients (clients trained at once)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # both sides on one thread: the comparison is of overhead, not BLAS
-    run_hfl(args.trainer), run_plain()  # warm-up: imports, allocator, data cache
+    run_hfl(args.trainer, args.batch_clients), run_plain()  # warm-up: imports, allocator, data cache
     ratios = []
     for i in range(args.repeats):
-        hfl_s, hfl_acc = run_hfl(args.trainer)
+        hfl_s, hfl_acc = run_hfl(args.trainer, args.batch_clients)
         plain_s, plain_acc, _ = run_plain()
         ratios.append(hfl_s / plain_s)
         print(f"repeat {i}: hfl {hfl_s:.2f}s (acc {hfl_acc:.3f})  plain {plain_s:.2f}s (acc {plain_acc:.3f})  "

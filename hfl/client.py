@@ -4,21 +4,27 @@ Two drivers run it with the same batches and the same optimiser, so they give th
 `fast` (the automatic-optimisation steps of Lightning, written out: zero_grad, training_step,
 backward, step) and `lightning` (a `lightning.Trainer`). The fast driver exists because a Trainer
 costs tens of milliseconds to set up per fit, more than a whole client-round of small models.
+
+`train_clients_together` trains several clients of one sub-model shape as one vectorised model
+(`torch.func.vmap` over their stacked weights): the same steps on the same batches, one kernel
+launch for all of them, which is what fills a GPU when each client's model is small.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from types import SimpleNamespace
 
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call, vmap
 
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
 from hfl.submodel.spec import extract, uploaded_keys
-from hfl.types import ClientTask, ClientUpdate, StateDict
+from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
 SHUFFLE_STREAM = 1  # tag of the client's data-order random stream
 
@@ -60,6 +66,15 @@ class ClientBatches:
             idx = order[start : start + self.batch_size]
             x = self.x[idx]
             yield (x if self.transform is None else self.transform(x, train=True, generator=self.generator)), self.y[idx]
+
+
+def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.optim.Optimizer:
+    """The client's optimiser, in the multi-tensor (`foreach`) implementation on every device: the
+    one CUDA picks by default and the accounting measures (on the CPU torch would loop over
+    tensors, with the same results and smaller temporaries)."""
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
+    return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
 
 
 class ClientModule(L.LightningModule):
@@ -113,14 +128,8 @@ class ClientModule(L.LightningModule):
                         params[key].mul_(mask)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        settings = self.task.ctx.train
         params = [p for model in (self.model, *self.peers) for p in model.parameters() if p.requires_grad]
-        # The multi-tensor (`foreach`) optimisers on every device: the ones CUDA picks by default and
-        # the accounting measures (on the CPU torch would loop over tensors, with the same results
-        # and smaller temporaries).
-        if settings.optimizer == "adam":
-            return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
-        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
+        return client_optimizer(params, self.task.ctx.train)
 
     def mean_loss(self) -> float:
         return float(self.loss_sum) / max(self.steps, 1)
@@ -188,16 +197,90 @@ def train_client(
         resident = sum(t.numel() * t.element_size() for t in state_tensors(model))
         measured_peak = torch.cuda.max_memory_allocated(device) - baseline + resident
     model.zero_grad(set_to_none=True)
-    state = model.state_dict()
-    sent = {k: state[k].detach().clone() for k in uploaded_keys(state, spec)}
+    return client_update(task, received, model.state_dict(), module.mean_loss(), measured_peak, time.perf_counter() - start)
+
+
+def client_update(
+    task: ClientTask, received: StateDict, trained: StateDict, train_loss: float, measured_peak: int | None, seconds: float
+) -> ClientUpdate:
+    """What a client sends back: the tensors of `trained` it uploads, and the client-round's metrics."""
+    spec = task.spec
+    sent = {k: trained[k].detach().clone() for k in uploaded_keys(trained, spec)}
     metrics = {
         "id": task.ctx.client_id,
         "num_samples": task.ctx.num_samples,
-        "train_loss": module.mean_loss(),
+        "train_loss": train_loss,
         "bytes_down": tensor_bytes(received, spec.masks),
         "bytes_up": tensor_bytes(sent, spec.masks),
         "measured_peak_bytes": measured_peak,
         "submodel": spec.describe(),
-        "seconds": time.perf_counter() - start,
+        "seconds": seconds,
     }
     return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), spec, metrics)
+
+
+def trains_together(method: Method, task: ClientTask) -> bool:
+    """Whether `task` can train vectorised beside others of its shape: its loss is the default
+    objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
+    starting weights kept, no peers, no masks)."""
+    cls = type(method)
+    return (
+        cls.objective is Method.objective
+        and cls.peer_models is Method.peer_models
+        and not method.keeps_initial_weights
+        and not task.spec.masks
+        and list(method.training_stages(task)) == [None]
+    )
+
+
+def train_clients_together(
+    model: nn.Module,
+    method: Method,
+    tasks: Sequence[ClientTask],
+    global_state: StateDict,
+    batches: Sequence[ClientBatches],
+) -> list[ClientUpdate]:
+    """Train `tasks` (one sub-model shape, equal sample counts, one round's settings, each
+    `trains_together`) at once: their weights stacked along a new first dimension, the method's
+    objective vectorised over it with `torch.func.vmap`, one optimiser over the stacked weights.
+    Every step takes each client's own next batch, so each client sees exactly the batches and
+    updates it would see alone (SGD and Adam act element-wise); the results agree with
+    `train_client`'s up to float rounding, since batched kernels sum in another order. Random
+    draws inside the model (dropout) differ from one-by-one training. `model` lends its structure:
+    its own weights are neither used nor changed."""
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    frozen = tasks[0].spec.frozen
+    received = [extract(global_state, task.spec) for task in tasks]
+    parameter_names = {name for name, _ in model.named_parameters()}
+    stacked = {k: torch.stack([r[k] for r in received]).to(device) for k in received[0]}
+    params = {k: v.requires_grad_(k not in frozen) for k, v in stacked.items() if k in parameter_names}
+    buffers = {k: v for k, v in stacked.items() if k not in parameter_names}
+    optimizer = client_optimizer([p for k, p in params.items() if k not in frozen], tasks[0].ctx.train)
+
+    def loss(p: StateDict, b: StateDict, x: Tensor, y: Tensor) -> Tensor:
+        client = SimpleNamespace(model=lambda inputs: functional_call(model, (p, b), (inputs,)))
+        return method.objective(client, x, y)["loss"]
+
+    vectorised = vmap(loss, randomness="different")
+    loss_sum = torch.zeros(len(tasks), device=device)
+    steps = 0
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(tasks[0].ctx.seed_for(0))
+        for _ in range(tasks[0].ctx.train.local_epochs):
+            for pairs in zip(*batches, strict=True):
+                x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+                optimizer.zero_grad(set_to_none=True)
+                losses = vectorised(params, buffers, x, y)
+                losses.sum().backward()
+                optimizer.step()
+                loss_sum += losses.detach()
+                steps += 1
+    mean_losses = (loss_sum / max(steps, 1)).tolist()
+    seconds = (time.perf_counter() - start) / len(tasks)
+    updates = []
+    for i, task in enumerate(tasks):
+        trained = {k: v[i].detach() for k, v in stacked.items()}
+        updates.append(client_update(task, received[i], trained, mean_losses[i], None, seconds))
+    return updates

@@ -12,7 +12,13 @@ from torch import Tensor, nn
 
 from hfl.accounting import Accountant, optimizer_kind
 from hfl.accounting.budgets import ClientBudget, assign_budgets
-from hfl.client import SHUFFLE_STREAM, ClientBatches, train_client
+from hfl.client import (
+    SHUFFLE_STREAM,
+    ClientBatches,
+    train_client,
+    train_clients_together,
+    trains_together,
+)
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.errors import ConfigError
@@ -136,9 +142,10 @@ class ClientEnvironment:
             self._models[key] = self.method.client_model(spec, self.build_model).to(self.device)
         return self._models[key]
 
-    def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
+    def batches(self, task: ClientTask) -> ClientBatches:
+        """The client's mini-batches for this round, in its own seeded order."""
         ctx = task.ctx
-        batches = ClientBatches(
+        return ClientBatches(
             self.train_x,
             self.train_y,
             self.partitions[ctx.client_id],
@@ -146,6 +153,25 @@ class ClientEnvironment:
             self.transform,
             ctx.generator(SHUFFLE_STREAM),
         )
+
+    def together_key(self, task: ClientTask) -> tuple | None:
+        """Tasks with equal keys can train at once (`train_together`): same model structure, frozen
+        tensors and sample count; None for a task that must train alone."""
+        if not trains_together(self.method, task):
+            return None
+        return (self.method.model_key(task.spec), task.spec.frozen, task.ctx.num_samples)
+
+    def train_together(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
+        """Train tasks of one `together_key` as one vectorised model (see `train_clients_together`)."""
+        model = self.model(tasks[0].spec)
+        updates = train_clients_together(model, self.method, tasks, global_state, [self.batches(t) for t in tasks])
+        for task, update in zip(tasks, updates):
+            update.metrics.update(self.cost_metrics(task))
+        return updates
+
+    def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
+        ctx = task.ctx
+        batches = self.batches(task)
         model = self.model(task.spec)
         if ctx.client_id not in self._classes:  # a partition never changes: once per client
             self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])

@@ -1,0 +1,88 @@
+"""Clients trained together (one vectorised model) against clients trained one by one."""
+
+import pytest
+import torch
+
+from hfl.backends.base import ClientEnvironment
+from hfl.client import trains_together
+from hfl.config import config_from_dict
+from hfl.server import initial_state, run_experiment, train_settings
+from hfl.types import RoundContext
+from tests.conftest import small_config
+
+
+def environment_and_tasks(clients: int = 4, **sections):
+    config = small_config(data={"name": "digits", "partition": "iid"}, fl={"clients": 8, "local_epochs": 2}, **sections)
+    env = ClientEnvironment.from_config(config)
+    state = initial_state(config, env).global_state
+    settings = train_settings(config.fl, 1)
+    tasks = [env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, None), {}) for c in range(clients)]
+    return env, state, tasks
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_training_together_is_training_one_by_one(float64):
+    # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
+    # the same batches, the same steps, the same optimiser arithmetic for every client.
+    env, state, tasks = environment_and_tasks(model={"name": "preresnet20"})
+    env.train_x = env.train_x.double()
+    state = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+    alone = [env.train(state, task) for task in tasks]
+    together = env.train_together(state, tasks)
+    for a, b in zip(alone, together, strict=True):
+        assert a.client_id == b.client_id and a.state.keys() == b.state.keys()
+        assert a.metrics["train_loss"] == pytest.approx(b.metrics["train_loss"], rel=1e-12)
+        for key in a.state:
+            assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-12), key
+        assert b.metrics["measured_peak_bytes"] is None and b.metrics["estimated_peak_bytes"] == a.metrics["estimated_peak_bytes"]
+    assert not torch.equal(together[0].state["head.fc.weight"], together[1].state["head.fc.weight"])
+
+
+def test_only_plain_cross_entropy_in_one_stage_trains_together():
+    for name, expected in [("fedavg", True), ("fedprox", False), ("heterofl", False), ("fedepth", False), ("depthfl", False)]:
+        env, _, tasks = environment_and_tasks(clients=1, method={"name": name}, model={"name": "preresnet20"})
+        assert trains_together(env.method, tasks[0]) is expected, name
+
+
+def test_batch_clients_runs_match_one_by_one(tmp_path):
+    runs = {}
+    for size in (1, 3):
+        config = small_config(data={"partition": "iid"}, fl={"rounds": 2, "clients": 6, "fraction": 1.0}, backend={"batch_clients": size})
+        runs[size] = run_experiment(config, tmp_path / str(size))
+    assert runs[3]["final_accuracy"] == pytest.approx(runs[1]["final_accuracy"], abs=0.02)
+    assert runs[3]["client_rounds"] == runs[1]["client_rounds"] == 12
+
+
+def test_methods_that_cannot_train_together_run_one_by_one_unchanged(tmp_path):
+    runs = {}
+    for size in (1, 4):
+        config = small_config(method={"name": "heterofl"}, budgets={"scenario": "fair"}, backend={"batch_clients": size})
+        run_experiment(config, tmp_path / str(size))
+        runs[size] = (tmp_path / str(size) / "summary.json").read_text()
+    strip = lambda text: [line for line in text.splitlines() if "seconds" not in line]
+    assert strip(runs[1]) == strip(runs[4])
+
+
+def test_batch_clients_must_be_positive():
+    from hfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="batch_clients"):
+        config_from_dict({"backend": {"batch_clients": 0}})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_together_is_training_one_by_one_on_cuda(float64):
+    env, state, tasks = environment_and_tasks(model={"name": "preresnet20"}, backend={"device": "cuda"})
+    env.train_x = env.train_x.double()
+    state = {k: (v.double() if v.is_floating_point() else v).cuda() for k, v in state.items()}
+    for a, b in zip([env.train(state, t) for t in tasks], env.train_together(state, tasks), strict=True):
+        for key in a.state:
+            assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-10), key
