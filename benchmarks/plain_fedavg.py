@@ -26,7 +26,7 @@ def small_cnn() -> nn.Module:
     )
 
 
-def run_plain(seed: int = 0) -> tuple[float, float, list[float]]:
+def run_plain(seed: int = 0, device: str = "cpu") -> tuple[float, float, list[float]]:
     """(seconds, final accuracy, seconds of each round)."""
     start = time.perf_counter()
     digits = load_digits()
@@ -37,11 +37,11 @@ def run_plain(seed: int = 0) -> tuple[float, float, list[float]]:
     n_test = int(0.2 * len(y_all))
     test, train = order[:n_test], order[n_test:]
     mean, std = x_all[train].mean(), x_all[train].std()
-    x, y = (x_all[train] - mean) / std, y_all[train]
-    x_test, y_test = (x_all[test] - mean) / std, y_all[test]
+    x, y = ((x_all[train] - mean) / std).to(device), y_all[train].to(device)
+    x_test, y_test = ((x_all[test] - mean) / std).to(device), y_all[test].to(device)
     parts = torch.randperm(len(y), generator=gen)[: len(y) // CLIENTS * CLIENTS].view(CLIENTS, -1)
     torch.manual_seed(seed)
-    model = small_cnn()
+    model = small_cnn().to(device)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(seed)
     round_seconds = []
@@ -55,7 +55,7 @@ def run_plain(seed: int = 0) -> tuple[float, float, list[float]]:
             idx = parts[c]
             model.train()
             for _ in range(EPOCHS):
-                shuffled = idx[torch.randperm(len(idx))]
+                shuffled = idx[torch.randperm(len(idx))].to(device)
                 for b in range(0, len(shuffled), BATCH):
                     batch = shuffled[b : b + BATCH]
                     optimizer.zero_grad()

@@ -214,6 +214,9 @@ class BackendConfig:
     """ray: CPUs each client actor reserves; the pool holds as many actors as the cluster's CPUs allow."""
     actors_per_pool: int = 0
     """ray: actors per pool (per budget tier on a tiered cluster); 0 sizes pools by CPUs."""
+    num_gpus_per_client: float = 0.0
+    """ray, on GPUs: the share of a GPU each client actor reserves, so 1/n runs n clients at once on
+    one GPU; 0: the client's memory budget over the GPU's memory (a whole GPU without budgets)."""
     batch_clients: int = 1
     """local: train up to this many clients of the same sub-model shape at once, as one vectorised
     model (torch.func.vmap), for throughput on a GPU; 1 trains one after the other. Only for methods
@@ -234,6 +237,7 @@ class BackendConfig:
         check(self.threads >= 1, "threads", self.threads, "an integer >= 1")
         check(self.num_cpus_per_client > 0, "num_cpus_per_client", self.num_cpus_per_client, "a number > 0")
         check(self.actors_per_pool >= 0, "actors_per_pool", self.actors_per_pool, "an integer >= 0")
+        check(0 <= self.num_gpus_per_client <= 1, "num_gpus_per_client", self.num_gpus_per_client, "a number in [0, 1] (0: from the budget)")
         check(self.batch_clients >= 1, "batch_clients", self.batch_clients, "an integer >= 1")
         check(self.client_timeout_s >= 0, "client_timeout_s", self.client_timeout_s, "a number >= 0 (0: no timeout)")
         for rule in self.chaos:

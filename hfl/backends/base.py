@@ -55,6 +55,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def warm_up_cuda(device: torch.device) -> None:
+    """Start cuBLAS (and cuBLASLt) and cuDNN on `device` with one small training step. Their
+    handles and persistent workspaces (cuBLAS keeps one per stream, several MiB) belong to the
+    process: allocated by whichever client came first, they would count in that client's measured
+    peak and, under a budget cap (Ray), fail it."""
+    x = torch.randn(2, 3, 8, 8, device=device, requires_grad=True)
+    conv = nn.Conv2d(3, 4, 3).to(device)
+    linear = nn.Linear(4 * 6 * 6, 4).to(device)
+    h = linear(conv(x).flatten(1))
+    (h @ h.T).sum().backward()
+    torch.cuda.synchronize(device)
+
+
 @dataclass
 class ClientEnvironment:
     """Everything a worker process needs to train any client, built once from the config."""
@@ -82,6 +95,8 @@ class ClientEnvironment:
     def from_config(cls, config: ExperimentConfig, device: torch.device | None = None) -> ClientEnvironment:
         device = device or resolve_device(config.backend.device)
         torch.set_num_threads(config.backend.threads)
+        if device.type == "cuda":
+            warm_up_cuda(device)
         d = config.data
         data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction)
         labels = data.train_y.numpy()

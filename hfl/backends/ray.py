@@ -34,18 +34,43 @@ def tier_resource(tier: str) -> str:
     return f"hfl_tier_{tier}"
 
 
+def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> None:
+    """On CUDA, let this process allocate at most the client's memory budget beyond what it holds
+    for everything else (the data, other shapes' models), so that a client whose training exceeds
+    its budget fails with an out-of-memory error instead of borrowing the device's memory.
+
+    The budget covers the client model's weights, as the estimate and the measurement do. The
+    allocator caps the memory it reserves from the device, so its cache is emptied first: free
+    cached blocks would otherwise be headroom outside the cap."""
+    device = env.device
+    if device.type != "cuda":
+        return
+    torch.cuda.set_per_process_memory_fraction(1.0, device)  # the last client's cap must not bind this one's set-up
+    budget = task.ctx.budget.memory_bytes if task.ctx.budget else None
+    if budget is None:
+        return
+    model = env.model(task.spec)  # built first: its weights are part of the budget
+    model.zero_grad(set_to_none=True)  # a failed client's gradients must not count as held
+    torch.cuda.empty_cache()
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    held = torch.cuda.memory_reserved(device) - weights
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, max(held + budget, 1) / total), device)
+
+
 class ClientActor:
     """One simulated-client worker; trains whichever client it is handed."""
 
-    def __init__(self, config: ExperimentConfig, memory_fraction: float | None) -> None:
+    def __init__(self, config: ExperimentConfig) -> None:
+        # Expandable segments keep the memory the allocator reserves close to what tensors use,
+        # so a budget cap (see cap_client_memory) fails clients that exceed it, not fragmentation.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         self.env = ClientEnvironment.from_config(config)
-        if memory_fraction is not None and self.env.device.type == "cuda":
-            # A client that exceeds its budget fails loudly instead of borrowing the device's memory.
-            torch.cuda.set_per_process_memory_fraction(memory_fraction, self.env.device)
         self.chaos = config.backend.chaos
 
     def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
         self._maybe_fail(task)
+        cap_client_memory(self.env, task)
         return self.env.train(global_state, task)
 
     def _maybe_fail(self, task: ClientTask) -> None:
@@ -68,7 +93,6 @@ class Pool:
     """The actors serving one tier (or every client, on a cluster without tier resources)."""
 
     options: dict[str, Any]
-    memory_fraction: float | None
     size: int
     actors: list[Any] = field(default_factory=list)
 
@@ -104,18 +128,16 @@ class RayBackend:
     def _new_pool(self, name: str, task: ClientTask, cluster: dict[str, float]) -> Pool:
         backend = self.config.backend
         options: dict[str, Any] = {"num_cpus": backend.num_cpus_per_client}
-        fraction = None
         if name != SHARED_POOL:
             options["resources"] = {tier_resource(name): 1}
         device_memory = self._device_memory()
         # The driver may have no GPU (a CPU head node): "auto" asks for GPUs wherever the cluster has them.
         if cluster.get("GPU", 0) > 0 and device_memory and backend.device != "cpu":
             budget = task.ctx.budget.memory_bytes if task.ctx.budget and task.ctx.budget.memory_bytes else device_memory
-            fraction = min(1.0, budget / device_memory)
-            options["num_gpus"] = fraction
+            options["num_gpus"] = backend.num_gpus_per_client or min(1.0, budget / device_memory)
         size = backend.actors_per_pool or max(1, int(cluster.get("CPU", 1) // backend.num_cpus_per_client))
         log.info("ray pool %s: %d actors with %s", name, size, options)
-        return Pool(options, fraction, size)
+        return Pool(options, size)
 
     def _device_memory(self) -> int | None:
         if self.config.backend.gpu_memory:
@@ -128,7 +150,7 @@ class RayBackend:
 
     def _spawn(self, pool: Pool, count: int = 1) -> list[Any]:
         """Start actors and wait until they are built, so start-up never counts against a client's timeout."""
-        actors = [self.remote_actor.options(**pool.options).remote(self.config, pool.memory_fraction) for _ in range(count)]
+        actors = [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
         ray.get([actor.ready.remote() for actor in actors])
         return actors
 
@@ -160,7 +182,7 @@ class RayBackend:
             """Start a fresh actor in the dead one's place; it takes work once it is ready, so its
             start-up never counts against a client's timeout."""
             pool = self.pools[name]
-            fresh = self.remote_actor.options(**pool.options).remote(self.config, pool.memory_fraction)
+            fresh = self.remote_actor.options(**pool.options).remote(self.config)
             pool.actors[pool.actors.index(dead)] = fresh
             starting[fresh.ready.remote()] = (name, fresh)
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every GPU check of hfl in one go, for a machine with CUDA (CI never runs it):
+#   1. the memory-accounting table (estimate vs torch.cuda.max_memory_allocated),
+#   2. the tests marked gpu,
+#   3. clients per second at FeDepth's client setting, and several clients at once on one GPU,
+#   4. hfl's LocalBackend vs a plain PyTorch loop on the GPU.
+# Each step has a time limit, so one that hangs leaves the others their time; everything goes to
+# OUT (a folder) and the console. Run from the repository root:
+#
+#   benchmarks/gpu_checks.sh OUT [--ray]        # --ray: also Ray actors sharing the GPU
+#
+# CIFAR-10 is read from $HFL_DATA/cifar10_jpeg (see the README); 10,000 training images suffice.
+set -uo pipefail
+OUT=${1:?usage: benchmarks/gpu_checks.sh OUT [--ray]}
+RAY=${2:-}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+failed=()
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
+    local rc=$?
+    echo "== $name: exit $rc after $((SECONDS - start))s"
+    [ "$rc" -eq 0 ] || failed+=("$name ($rc)")
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+
+step memory 200 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
+step tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider
+step clients 180 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 5 --json "$OUT/clients.json" $RAY
+step throughput 60 "$PY" benchmarks/throughput.py --device cuda --repeats 1
+
+echo "failed steps: ${failed[*]:-none}"
