@@ -1,0 +1,106 @@
+"""The golden runs: every experiment in experiments/ in its reduced digits form, and every method on
+digits with PreResNet-20 under `fair` budgets, two rounds each, and what they must reproduce.
+
+Runs are deterministic, so a change that should not change numbers is proven by these: the
+metrics of every round (accuracies, losses, sub-model and exit accuracies, per-client losses, bytes,
+FLOPs, estimated peaks, budgets, tiers, skipped clients) equal the recorded ones exactly. Timings
+are left out. The CPU's instruction set changes float results (a 2-round PreResNet-20 run ends at
+0.600 with AVX-512 kernels and 0.656 with AVX2 ones), so the runs use AVX2 kernels in torch, oneDNN
+and MKL (`PINNED_ISA`), which every x86-64 machine of the last decade has.
+
+    python -m tests.golden.runs --record          # rewrite tests/golden/fixtures/ (a deliberate change of numbers)
+    python -m tests.golden.runs --out runs.json   # what the test compares
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1"}
+REDUCED = ["data.name=digits", "model.name=preresnet20", "fl.clients=8", "fl.fraction=0.5", "fl.rounds=2",
+           "fl.batch_size=16", "fl.local_epochs=1"]
+"""The reduced form of an experiment (as tests/test_experiments.py runs ScaleFL's comparison)."""
+METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "fedepth", "fedprox", "fedrolex", "fjord", "heterofl", "mfedepth",
+           "nefl", "scalefl", "splitmix")
+TIMINGS = ("wall_seconds", "seconds")
+
+
+def runs() -> dict[str, tuple[Path, list[str]]]:
+    """Run name -> (experiment file, overrides)."""
+    found: dict[str, tuple[Path, list[str]]] = {}
+    for path in sorted((ROOT / "experiments").rglob("*.yaml")):
+        name = str(path.relative_to(ROOT / "experiments").with_suffix("")).replace("/", "__")
+        extra = ["method.distill_steps=5"] if "feddf" in path.stem else []
+        found[f"experiment__{name}"] = (path, REDUCED + extra)
+    quickstart = ROOT / "experiments" / "quickstart.yaml"
+    for method in METHODS:
+        extra = ["data.server_fraction=0.1", "method.distill_steps=5"] if method == "feddf" else []
+        found[f"method__{method}"] = (quickstart, [*REDUCED, f"method.name={method}", "budgets.scenario=fair", *extra])
+    return found
+
+
+def without_timings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMINGS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def run(path: Path, overrides: list[str]) -> list[dict[str, Any]]:
+    from hfl.config import load_config
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    with tempfile.TemporaryDirectory() as out:
+        run_experiment(load_config(path, overrides), out)
+        return without_timings(read_metrics(out))
+
+
+def run_all(names: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    selected = runs()
+    return {name: run(*selected[name]) for name in (names or selected)}
+
+
+def run_pinned(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every golden run in a fresh process with the pinned instruction set (set before torch loads)."""
+    env = {**os.environ, **PINNED_ISA, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    subprocess.run([sys.executable, "-m", "tests.golden.runs", "--out", str(out)], env=env, cwd=ROOT, check=True)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help="rewrite the fixtures from a pinned run")
+    parser.add_argument("--out", help="write every run's metrics to this JSON file (run in this process)")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    if args.out:
+        missing = {k: v for k, v in PINNED_ISA.items() if os.environ.get(k) != v}
+        if missing:
+            sys.exit(f"set {missing} before starting Python (run_pinned does)")
+        Path(args.out).write_text(json.dumps(run_all()))
+        return
+    if args.record:
+        with tempfile.TemporaryDirectory() as tmp:
+            found = run_pinned(Path(tmp) / "runs.json")
+        FIXTURES.mkdir(exist_ok=True)
+        for old in FIXTURES.glob("*.json"):
+            old.unlink()
+        for name, records in found.items():
+            (FIXTURES / f"{name}.json").write_text(json.dumps(records, indent=1) + "\n")
+        print(f"recorded {len(found)} runs in {FIXTURES}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Every golden run reproduces its recorded metrics exactly (see tests/golden/runs.py)."""
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.golden.runs import FIXTURES, run_pinned, runs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
+    return run_pinned(tmp_path_factory.mktemp("golden") / "runs.json")
+
+
+def first_difference(expected: Any, found: Any, path: str = "") -> str | None:
+    """Where two JSON values first differ, as a path with both values."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        for key in sorted(set(expected) | set(found), key=str):
+            if key not in expected or key not in found:
+                return f"{path}.{key}: only in {'recorded' if key in expected else 'this run'}"
+            if (where := first_difference(expected[key], found[key], f"{path}.{key}")) is not None:
+                return where
+        return None
+    if isinstance(expected, list) and isinstance(found, list):
+        if len(expected) != len(found):
+            return f"{path}: {len(expected)} entries recorded, {len(found)} now"
+        for i, (e, f) in enumerate(zip(expected, found)):
+            if (where := first_difference(e, f, f"{path}[{i}]")) is not None:
+                return where
+        return None
+    return None if expected == found else f"{path}: recorded {expected!r}, now {found!r}"
+
+
+def test_every_run_has_a_fixture():
+    assert sorted(p.stem for p in FIXTURES.glob("*.json")) == sorted(runs())
+
+
+@pytest.mark.parametrize("name", sorted(runs()))
+def test_run_reproduces_its_recorded_metrics(reproduced, name):
+    difference = first_difference(json.loads((FIXTURES / f"{name}.json").read_text()), reproduced[name])
+    # A deliberate change of numbers: python -m tests.golden.runs --record, and name the runs it changed in the commit.
+    assert difference is None, f"{name}{difference}"
