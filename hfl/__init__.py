@@ -1,6 +1,6 @@
-"""hfl: federated learning with heterogeneous, resource-constrained clients."""
+"""hfl: federated learning with heterogeneous, resource-constrained clients.
 
-# Explicit imports fill the registries (no package scanning).
-from hfl import backends, data, methods, models  # noqa: F401
+Importing the package imports nothing else, so that `hfl --help` and `hfl methods` answer at once;
+each module imports what it uses (the config fills the registries it checks names against)."""
 
 __version__ = "0.1.0"

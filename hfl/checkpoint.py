@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hfl.errors import ConfigError
 from hfl.types import StateDict
 
 CHECKPOINT = "checkpoint.pt"
@@ -25,7 +26,8 @@ CHECKPOINT = "checkpoint.pt"
 class RunState:
     round: int
     global_state: StateDict
-    method_state: dict[str, Any]
+    method_state: Any
+    """The method's `State` (a frozen dataclass)."""
     elapsed_seconds: float
 
 
@@ -51,6 +53,9 @@ def save_checkpoint(out_dir: Path, state: RunState, config: dict[str, Any]) -> N
 def load_checkpoint(out_dir: Path, device: torch.device) -> tuple[RunState, dict[str, Any]]:
     """Load a checkpoint, restore the global RNGs; returns the run state and the saved config."""
     payload = torch.load(out_dir / CHECKPOINT, map_location=device, weights_only=False)
+    if isinstance(payload["method_state"], dict):  # before methods had a typed State
+        raise ConfigError("--resume", str(out_dir), "a run written by this version of hfl: its checkpoint keeps the "
+                          "method state of an older one (untyped); start the run again")
     torch.set_rng_state(payload["rng"]["torch"])
     np.random.set_state(payload["rng"]["numpy"])
     random.setstate(payload["rng"]["python"])

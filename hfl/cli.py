@@ -97,7 +97,7 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def command_data(args: argparse.Namespace) -> int:
-    from hfl.backends import ClientEnvironment
+    from hfl.backends.base import ClientEnvironment
     from hfl.config import load_config
     from hfl.data import label_histogram, save_label_heatmap
 
@@ -147,17 +147,11 @@ def level_cell(key: str, value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def method_level_title(config: Any) -> str:
-    from hfl.registry import METHODS
-
-    return METHODS.get(config.method.name, field="method.name").level_table_title
-
-
 def command_budget(args: argparse.Namespace) -> int:
     import json
 
-    from hfl.accounting.report import budget_report
-    from hfl.backends import ClientEnvironment
+    from hfl.backends.base import ClientEnvironment
+    from hfl.budget import budget_report
     from hfl.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -182,7 +176,8 @@ def command_budget(args: argparse.Namespace) -> int:
         print(table(["tier", "budget", "estimated peak", "trains"],
                     [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"]] for p in report["plans"]]))
     if report.get("levels"):
-        print(f"\nSub-models of {config.method.name} ({method_level_title(config)}; FLOPs: forward, per sample; memory: training)")
+        title = f"{report['levels_title']}; " if report.get("levels_title") else ""
+        print(f"\nSub-models of {config.method.name} ({title}FLOPs: forward, per sample; memory: training)")
         columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
@@ -210,14 +205,16 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def command_methods(args: argparse.Namespace) -> int:
-    import hfl  # noqa: F401  (fills the registries)
+    import hfl.methods  # noqa: F401  (declares the methods without importing them)
     from hfl.registry import METHODS
 
     rows = []
     for name in METHODS:
-        cls = METHODS.get(name)
-        summary = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        rows.append((name, summary, cls.paper))
+        info = METHODS.info(name)
+        if not info:  # registered by a user's module rather than declared: its docstring speaks for it
+            doc = sys.modules[METHODS.get(name).__module__].__doc__ or "(no description)"
+            info = {"summary": doc.strip().splitlines()[0], "paper": "-"}
+        rows.append((name, info["summary"], info["paper"]))
     width = max(len(r[0]) for r in rows)
     for name, summary, paper in rows:
         print(f"{name:<{width}}  {summary}\n{'':<{width}}  paper: {paper}")

@@ -13,7 +13,8 @@ launch for all of them, which is what fills a GPU when each client's model is sm
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
 from types import SimpleNamespace
 
 import lightning as L
@@ -21,20 +22,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from hfl.accounting.cost import tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
 from hfl.submodel.spec import extract, uploaded_keys
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
 SHUFFLE_STREAM = 1  # tag of the client's data-order random stream
-
-
-def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | None = None) -> int:
-    """Bytes to transmit `tensors`; masked tensors send only their kept entries."""
-    masks = masks or {}
-    return sum(
-        (int(masks[k].sum()) if k in masks else t.numel()) * t.element_size() for k, t in tensors.items()
-    )
 
 
 def state_tensors(model: nn.Module) -> list[Tensor]:
@@ -80,23 +74,34 @@ def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.opt
 class ClientModule(L.LightningModule):
     """Trains one client's sub-model with its method's objective."""
 
-    def __init__(self, model: nn.Module, method: Method, task: ClientTask, classes: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        method: Method,
+        task: ClientTask,
+        classes: Tensor | None = None,
+        peer: Callable[[], nn.Module] | None = None,
+    ) -> None:
+        """`peer` builds a fresh model of the task's shape, for the task's `peers`."""
         super().__init__()
         self.model, self.method, self.task = model, method, task
-        self.peers = nn.ModuleList(method.peer_models(task, model))
+        if task.peers and peer is None:
+            raise ValueError(f"the task asks for {task.peers} peer models but no builder was given")
+        self.peers = nn.ModuleList(peer() for _ in range(task.peers))
         """Models trained beside `model` and never uploaded (m-FeDepth); trained stage by stage like it."""
         self.stage = 0
-        """Index of the training stage running now (see `Method.training_stages`)."""
+        """Index of the training stage running now (see `ClientTask.stages`)."""
         self.classes = classes
         """The labels present in this client's data (for objectives that mask the others)."""
         self.masks = {k: m.to(self.device_of_model()) for k, m in task.spec.masks.items()}
-        self.initial = (
-            {n: p.detach().clone() for n, p in model.named_parameters() if n not in task.spec.frozen}
-            if method.keeps_initial_weights
-            else {}
-        )
         self.loss_sum = torch.zeros((), device=self.device_of_model())
         self.steps = 0
+
+    @cached_property
+    def initial(self) -> dict[str, Tensor]:
+        """The trainable weights the client started the round with (FedProx's w_t), copied when an
+        objective first asks, which is before the first optimiser step."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if n not in self.task.spec.frozen}
 
     def device_of_model(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -173,6 +178,7 @@ def train_client(
     batches: ClientBatches,
     driver: str = "fast",
     classes: Tensor | None = None,
+    peer: Callable[[], nn.Module] | None = None,
 ) -> ClientUpdate:
     """Load the client's sub-model from the global state, train it, and return what it sends back."""
     start = time.perf_counter()
@@ -188,8 +194,8 @@ def train_client(
     # so results do not depend on which clients ran before on this process.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(task.ctx.seed_for(0))
-        module = ClientModule(model, method, task, classes)
-        for stage, trainable in enumerate(method.training_stages(task)):
+        module = ClientModule(model, method, task, classes, peer)
+        for stage, trainable in enumerate(task.stages):
             module.enter_stage(stage, trainable)
             DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
     measured_peak = None
@@ -216,21 +222,14 @@ def client_update(
         "submodel": spec.describe(),
         "seconds": seconds,
     }
-    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), spec, metrics)
+    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), spec, metrics, task.level)
 
 
 def trains_together(method: Method, task: ClientTask) -> bool:
     """Whether `task` can train vectorised beside others of its shape: its loss is the default
     objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
-    starting weights kept, no peers, no masks)."""
-    cls = type(method)
-    return (
-        cls.objective is Method.objective
-        and cls.peer_models is Method.peer_models
-        and not method.keeps_initial_weights
-        and not task.spec.masks
-        and list(method.training_stages(task)) == [None]
-    )
+    peers, no masks)."""
+    return type(method).objective is Method.objective and not task.spec.masks and task.stages == (None,) and not task.peers
 
 
 def train_clients_together(

@@ -16,20 +16,13 @@ from typing import Any
 
 import yaml
 
+import hfl.backends
+import hfl.methods
+import hfl.models  # noqa: F401  (with hfl.data, these fill the registries whose names the config checks)
+from hfl.accounting.amounts import SCENARIOS, check_amount
 from hfl.data import default_cache_dir, default_data_root
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check, check_choice
 from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS
-
-
-def check(ok: bool, name: str, value: object, allowed: str) -> None:
-    """Raise a ConfigError for field `name` unless `ok`."""
-    if not ok:
-        raise ConfigError(name, value, allowed)
-
-
-def check_choice(name: str, value: object, choices: typing.Iterable[str]) -> None:
-    choices = list(choices)
-    check(value in choices, name, value, f"one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
@@ -176,8 +169,6 @@ class BudgetsConfig:
     """tiers: a name per tier (default from the widths, else tier0, tier1, ...)."""
 
     def __post_init__(self) -> None:
-        from hfl.accounting.budgets import SCENARIOS, check_amount
-
         check_choice("scenario", self.scenario, ("none", *SCENARIOS, "tiers", "per_client"))
         custom = self.scenario in ("tiers", "per_client")
         check(bool(self.memory) == custom, "memory", list(self.memory), "a list of amounts exactly when scenario is tiers or per_client")

@@ -40,13 +40,10 @@ class Evaluator:
         self._models: dict[tuple, nn.Module] = {}
 
     def _model(self, spec: SubmodelSpec) -> nn.Module:
-        method = self.env.method
-        key = method.model_key(spec)
-        if key not in self._models:
+        if spec.shape not in self._models:
             # Running statistics always exist at evaluation: loaded, or recomputed for static BN.
-            model = method.client_model(spec, lambda width: self.env.build_model(width, norm="bn"))
-            self._models[key] = model.to(self.env.device)
-        return self._models[key]
+            self._models[spec.shape] = self.env.method.client_model(spec, norm="bn").to(self.env.device)
+        return self._models[spec.shape]
 
     def _train_inputs(self) -> Iterator[Tensor]:
         x, transform = self.env.train_x, self.env.transform

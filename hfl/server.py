@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
 from hfl.evaluation import Evaluator
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
+from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS
 from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
 from hfl.types import RoundContext, TrainSettings
@@ -40,7 +41,7 @@ def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, MODEL_STREAM))
-        weights = env.method.initial_global_state(env.build_model)
+        weights = env.method.initial_global_state()
     global_state = {k: v.detach().clone().to(env.device) for k, v in weights.items()}
     return RunState(0, global_state, env.method.init_state(), 0.0)
 
@@ -149,6 +150,7 @@ def run_experiment(
             updates, failed = backend.run(state.global_state, tasks)
             # 4. aggregation
             state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
+            state.method_state = record_trained(state.method_state, updates)
             # 5. evaluation of the global model
             last = r == fl.rounds
             scores: dict[str, Any] = {"accuracy": None, "loss": None}

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from hfl.accounting.budgets import ClientBudget
+from hfl.accounting.amounts import ClientBudget
 from hfl.seeding import derive_seed
 from hfl.submodel.spec import SubmodelSpec
 
@@ -51,11 +51,23 @@ class RoundContext:
 
 @dataclass(frozen=True)
 class ClientTask:
-    """What a client is asked to do: the sub-model it trains and the method's objective settings."""
+    """What a client is asked to do: the sub-model it trains, how, and the method's settings."""
 
     ctx: RoundContext
     spec: SubmodelSpec
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Any = None
+    """The method's own settings for this client-round (a frozen dataclass), read by its objective."""
+    level: str | None = None
+    """The ladder level the task trains (the server records it as trained)."""
+    choices: tuple[str, ...] = ()
+    """The levels the client could have drawn this round (dynamic tiers), for reports."""
+    stages: tuple[frozenset[str] | None, ...] = (None,)
+    """Parameter names trained one stage after the other, each stage for the round's local epochs
+    with a fresh optimiser (FeDepth's block groups); None: every parameter the spec does not freeze.
+    The objective reads the running stage's index as `client.stage`."""
+    peers: int = 0
+    """Models of the same shape trained beside the uploaded one, freshly initialised and discarded
+    after the client-round (m-FeDepth's mutual learning); the objective reads them as `client.peers`."""
 
 
 @dataclass(frozen=True)
@@ -67,3 +79,5 @@ class ClientUpdate:
     weight: float
     spec: SubmodelSpec
     metrics: dict[str, Any]
+    level: str | None = None
+    """The task's ladder level."""

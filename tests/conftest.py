@@ -37,3 +37,35 @@ def cli_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def method_for(method_config, model_name="cnn", *, in_channels=1, num_classes=10, width=1.0, norm="bn", input_size=8,
+               budgets=(), batch_size=32, unlabelled_x=None, seed=0):
+    """A method built outside an experiment, over `model_name` (registered) at `width`, with an
+    accountant on inputs of `input_size` pixels; `method_config` is a method Config or a dict."""
+    from hfl.accounting.accountant import Accountant
+    from hfl.config import build_dataclass
+    from hfl.methods.base import Resources
+    from hfl.models import build_model
+    from hfl.registry import METHODS
+
+    if isinstance(method_config, dict):
+        cls = METHODS.get(method_config.get("name", "fedavg"))
+        method_config = build_dataclass(cls.Config, method_config, "method.")
+    cls = METHODS.get(method_config.name)
+
+    def build(w, norm_override=None):
+        return build_model(model_name, in_channels, num_classes, w, norm_override or norm)
+
+    accountant = Accountant(build=build, input_shape=(in_channels, input_size, input_size), num_classes=num_classes)
+    resources = Resources(model=build(width), build=build, accountant=accountant, budgets=tuple(budgets),
+                          batch_size=batch_size, unlabelled_x=unlabelled_x, seed=seed)
+    return cls(method_config, resources)
+
+
+def level_cost(method, name, batch_size, num_samples=100, round_=1):
+    """The estimated training memory (bytes) of ladder level `name` at `batch_size`."""
+    from hfl.types import RoundContext, TrainSettings
+
+    ctx = RoundContext(round_, 0, 0, num_samples, TrainSettings(0.1, 0.0, 0.0, 1, batch_size), None)
+    return method.training_cost(method.ladder.task_for(ctx, method.ladder[name]), batch_size).peak_bytes

@@ -1,8 +1,8 @@
-"""Training costs per (sub-model shape, batch size), measured once and cached."""
+"""Training costs of an experiment's models, measured once per key and batch size and cached."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -14,13 +14,8 @@ from hfl.accounting.cost import (
     measure_training_cost,
 )
 from hfl.models.base import ScalableModel
-from hfl.submodel.spec import SubmodelSpec, shape_model
 
 ModelFactory = Callable[[float], ScalableModel]
-
-
-def unchanged(model: ScalableModel) -> ScalableModel:
-    return model
 
 
 def optimizer_kind(name: str, momentum: float) -> str:
@@ -30,49 +25,45 @@ def optimizer_kind(name: str, momentum: float) -> str:
 
 @dataclass
 class Accountant:
-    """Answers "what does training this sub-model cost?" for one experiment's model and data.
+    """Answers "what does training this model cost?" for one experiment's data and optimiser.
 
-    Specs that differ only in their indices (a rolled window, a different channel choice) have the
-    same cost, so the cache key is the shape: width, depth structure, frozen tensors, batch size."""
+    Methods ask with a key that names the model's structure (a sub-model's `shape` and frozen
+    tensors) and a function that builds it: specs that differ only in their indices (a rolled
+    window, other bases) cost the same and are measured once."""
 
     build: ModelFactory
-    """Builds the plain model at an absolute width ratio."""
+    """Builds the plain model (no method's changes) at an absolute width ratio."""
     input_shape: tuple[int, ...]
     num_classes: int
     optimizer: str = "sgd_momentum"
     weight_decay: float = 0.0
     """The clients' weight decay: the optimiser's temporaries depend on it."""
-    adapt: Callable[[ScalableModel], ScalableModel] = unchanged
-    """The method's changes to every model it trains (exits, a norm per width); budgets written as
-    `width:` amounts are costed without them, so they mean the same for every method."""
     _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
 
     def measure(
         self, model: nn.Module, batch_size: int, step: Step = cross_entropy_step, *, count_flops: bool = True, record_only: str | None = None
     ) -> TrainingCost:
         """Measure training `model` as this experiment's clients train (its input shape, classes,
-        optimiser and weight decay); uncached, for models a method builds itself."""
+        optimiser and weight decay); uncached."""
         return measure_training_cost(
             model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
             record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay,
         )
 
-    def cost(self, width: float, batch_size: int, spec: SubmodelSpec | None = None, *, adapted: bool = True) -> TrainingCost:
-        spec = spec or SubmodelSpec()
-        key = (width, spec.dropped_blocks, spec.depth, spec.frozen, batch_size, adapted)
-        if key not in self._cache:
-            model = self.build(width)
-            if adapted:
-                model = self.adapt(model)
-            shape_model(model, spec)
-            for name, param in model.named_parameters():
-                param.requires_grad_(name not in spec.frozen)
-            self._cache[key] = self.measure(model, batch_size)
-        return self._cache[key]
+    def cost(self, key: Hashable, build: Callable[[], nn.Module], batch_size: int, step: Step = cross_entropy_step) -> TrainingCost:
+        """The cost of training the model `build()` makes (its `requires_grad` flags say what
+        trains) with `step`, measured the first time `key` is asked for at this batch size."""
+        if (key, batch_size) not in self._cache:
+            self._cache[key, batch_size] = self.measure(build(), batch_size, step)
+        return self._cache[key, batch_size]
+
+    def plain_cost(self, width: float, batch_size: int) -> TrainingCost:
+        """Training the plain model at `width` (what a `width:` budget means, for every method alike)."""
+        return self.cost(("plain", width), lambda: self.build(width), batch_size)
 
     def block_cost(self, block: int, batch_size: int, width: float = 1.0) -> TrainingCost:
-        """Training body block `block` alone (FeDepth's unit): the other blocks frozen, only that
-        block's saved activations counted, the head trained with it."""
+        """Training body block `block` alone (FeDepth's unit, as its Table 1 counts it): the other
+        blocks frozen, only that block's saved activations counted, the head trained with it."""
         key = ("block", block, batch_size, width)
         if key not in self._cache:
             model = self.build(width)

@@ -1,69 +1,21 @@
 """Client budgets: memory (and optionally FLOPs and upload) per client, from the config.
 
-Amounts are written absolute (`256MB`, `1.5GiB`, `3e9`) or relative to the model (`width:1/6`:
-what training the configured model at width 1/6 costs). The FeDepth paper's scenarios give each
-quarter of the clients the memory of training the full model at one width ratio.
+Amounts (`hfl.accounting.amounts`) are absolute or relative to the model (`width:1/6`: what training
+the configured model at width 1/6 costs, measured by the accountant). The FeDepth paper's scenarios
+give each quarter of the clients the memory of training the full model at one width ratio.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hfl.accounting.accountant import Accountant
+from hfl.accounting.amounts import SCENARIOS, ClientBudget, absolute_amount, parse_width
+from hfl.config import BudgetsConfig, ExperimentConfig
 from hfl.seeding import BUDGET_STREAM, derive_seed
-
-if TYPE_CHECKING:
-    from hfl.config import BudgetsConfig, ExperimentConfig
-
-
-SCENARIOS = {
-    "fair": ("1/6", "1/3", "1/2", "1"),
-    "lack": ("1/8", "1/6", "1/2", "1"),
-    "surplus": ("1/6", "1/3", "1/2", "2"),
-}
-"""FeDepth (Experimental setups): width ratios r whose full-model training memory is a budget."""
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-_AMOUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
-def parse_width(text: str) -> float:
-    """'1/6' or '0.1667' -> a positive float."""
-    try:
-        value = float(Fraction(text.strip()))
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"width ratio {text!r} is not a number or fraction") from None
-    if value <= 0:
-        raise ValueError(f"width ratio {text!r} must be positive")
-    return value
-
-
-def check_amount(text: str) -> None:
-    """Raise ValueError unless `text` is a well-formed amount."""
-    text = str(text)
-    if text.startswith("width:"):
-        parse_width(text[len("width:") :])
-        return
-    match = _AMOUNT.match(text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not an amount: write e.g. 256MB, 1.5GiB, 3e9 or width:1/6")
-
-
-@dataclass(frozen=True)
-class ClientBudget:
-    """One client's limits; None where the config sets none."""
-
-    tier: str
-    memory_bytes: int | None
-    flops: int | None
-    """FLOPs of one client-round (all local epochs)."""
-    upload_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -104,25 +56,19 @@ class BudgetResolver:
 
     def memory(self, text: str) -> int:
         if text.startswith("width:"):
-            return self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).peak_bytes
-        return _absolute(text)
+            return self.accountant.plain_cost(parse_width(text[6:]), self.batch_size).peak_bytes
+        return absolute_amount(text)
 
     def flops(self, text: str, num_samples: int) -> int:
         if text.startswith("width:"):
-            per_sample = self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).train_flops_per_sample
+            per_sample = self.accountant.plain_cost(parse_width(text[6:]), self.batch_size).train_flops_per_sample
             return per_sample * num_samples * self.local_epochs
-        return _absolute(text)
+        return absolute_amount(text)
 
     def upload(self, text: str) -> int:
         if text.startswith("width:"):
-            return self.accountant.cost(parse_width(text[6:]), self.batch_size, adapted=False).param_bytes
-        return _absolute(text)
-
-
-def _absolute(text: str) -> int:
-    check_amount(text)
-    match = _AMOUNT.match(str(text))
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+            return self.accountant.plain_cost(parse_width(text[6:]), self.batch_size).param_bytes
+        return absolute_amount(text)
 
 
 def assign_tiers(tiers: Sequence[Tier], num_clients: int, rng: np.random.Generator) -> list[int]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +72,14 @@ class TrainingCost:
     @property
     def train_flops_per_sample(self) -> int:
         return self.forward_flops_per_sample + self.backward_flops_per_sample
+
+
+def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | None = None) -> int:
+    """Bytes to transmit `tensors`; masked tensors send only their kept entries."""
+    masks = masks or {}
+    return sum(
+        (int(masks[k].sum()) if k in masks else t.numel()) * t.element_size() for k, t in tensors.items()
+    )
 
 
 def _storage_key(t: Tensor) -> tuple[int, int]:

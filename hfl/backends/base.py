@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hfl.accounting import Accountant, optimizer_kind
-from hfl.accounting.budgets import ClientBudget, assign_budgets
+from hfl.accounting.accountant import Accountant, optimizer_kind
+from hfl.accounting.amounts import ClientBudget
+from hfl.accounting.budgets import assign_budgets
 from hfl.client import (
     SHUFFLE_STREAM,
     ClientBatches,
@@ -22,7 +23,7 @@ from hfl.client import (
 from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.errors import ConfigError
-from hfl.methods import Method, ServerResources, build_method
+from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model
 from hfl.registry import METHODS
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
@@ -122,14 +123,23 @@ class ClientEnvironment:
             weight_decay=config.fl.weight_decay,
         )
         _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
-        method = build_method(config.method, build_model_for(config, data), accountant, budgets, config.fl.batch_size)
-        accountant.adapt = method.adapt_model
         test_x = transform(data.test_x.to(device), train=False)
         unlabelled = None
         if len(server_indices):
             unlabelled = train_x[torch.as_tensor(server_indices, device=device)]
             unlabelled = unlabelled if augment == "none" else transform(unlabelled, train=False)
-        env = cls(
+        resources = Resources(
+            model=build_model_for(config, data),
+            build=lambda width, norm=None: build_model_for(config, data, width, norm),
+            accountant=accountant,
+            budgets=tuple(budgets),
+            batch_size=config.fl.batch_size,
+            device=device,
+            unlabelled_x=unlabelled,
+            seed=config.seed,
+        )
+        method = METHODS.get(config.method.name, field="method.name")(config.method, resources)
+        return cls(
             config=config,
             data=data,
             partitions=[torch.as_tensor(client_pool[p], dtype=torch.long) for p in parts],
@@ -143,19 +153,12 @@ class ClientEnvironment:
             accountant=accountant,
             budgets=budgets,
         )
-        method.server = ServerResources(build_model=env.build_model, device=device, unlabelled_x=unlabelled, seed=config.seed)
-        return env
-
-    def build_model(self, width: float | None = None, norm: str | None = None) -> ScalableModel:
-        """The method's model (its exits and norms included) at `width`, on the CPU."""
-        return self.method.adapt_model(build_model_for(self.config, self.data, width, norm))
 
     def model(self, spec: SubmodelSpec) -> nn.Module:
         """A client model of the spec's shape, built once per process and reused by every client."""
-        key = self.method.model_key(spec)
-        if key not in self._models:
-            self._models[key] = self.method.client_model(spec, self.build_model).to(self.device)
-        return self._models[key]
+        if spec.shape not in self._models:
+            self._models[spec.shape] = self.method.client_model(spec).to(self.device)
+        return self._models[spec.shape]
 
     def batches(self, task: ClientTask) -> ClientBatches:
         """The client's mini-batches for this round, in its own seeded order."""
@@ -174,7 +177,7 @@ class ClientEnvironment:
         tensors and sample count; None for a task that must train alone."""
         if not trains_together(self.method, task):
             return None
-        return (self.method.model_key(task.spec), task.spec.frozen, task.ctx.num_samples)
+        return (task.spec.shape, task.spec.frozen, task.ctx.num_samples)
 
     def train_together(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
         """Train tasks of one `together_key` as one vectorised model (see `train_clients_together`)."""
@@ -191,14 +194,18 @@ class ClientEnvironment:
         if ctx.client_id not in self._classes:  # a partition never changes: once per client
             self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
         classes = self._classes[ctx.client_id]
-        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes)
+
+        def peer() -> nn.Module:
+            return self.method.client_model(task.spec).to(self.device)
+
+        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes, peer)
         update.metrics.update(self.cost_metrics(task))
         return update
 
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
         """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""
         ctx = task.ctx
-        cost = self.method.task_cost(task, min(ctx.train.batch_size, ctx.num_samples))
+        cost = self.method.training_cost(task, min(ctx.train.batch_size, ctx.num_samples))
         budget = ctx.budget
         return {
             "tier": budget.tier if budget else None,

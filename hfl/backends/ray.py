@@ -141,9 +141,9 @@ class RayBackend:
 
     def _device_memory(self) -> int | None:
         if self.config.backend.gpu_memory:
-            from hfl.accounting.budgets import _absolute
+            from hfl.accounting.amounts import absolute_amount
 
-            return _absolute(self.config.backend.gpu_memory)
+            return absolute_amount(self.config.backend.gpu_memory)
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory
         return None

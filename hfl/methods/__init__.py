@@ -1,42 +1,31 @@
-"""Federated methods, one file each; importing this package registers them."""
+"""Federated methods, one file each, declared here with their papers so that listing them imports
+nothing; a method's module is imported (and registers its class) when a run asks for it."""
 
-from collections.abc import Sequence
-
-from hfl.accounting.accountant import Accountant
-from hfl.accounting.budgets import ClientBudget
-from hfl.methods import (  # noqa: F401  (registers the methods)
-    decoupled,
-    depthfl,
-    fedavg,
-    feddf,
-    fedepth,
-    fedprox,
-    fedrolex,
-    fjord,
-    heterofl,
-    nefl,
-    scalefl,
-    splitmix,
-)
-from hfl.methods.base import Method, MethodConfig, MethodState, ServerResources
-from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
 
-
-def build_method(
-    config: MethodConfig,
-    model: ScalableModel,
-    accountant: Accountant | None = None,
-    budgets: Sequence[ClientBudget | None] | None = None,
-    batch_size: int | None = None,
-) -> Method:
-    """The configured method over the global model `model`, which it adapts (exits, norms) in place;
-    `budgets` (every client's, costed at `batch_size`) reach the method before it adapts the model."""
-    method = METHODS.get(config.name, field="method.name")(config, model, accountant)
-    if budgets is not None and batch_size is not None:
-        method.use_budgets(budgets, batch_size)
-    method.adapt_model(method.model)
-    return method
-
-
-__all__ = ["Method", "MethodConfig", "MethodState", "ServerResources", "build_method"]
+METHODS.declare("fedavg", "hfl.methods.fedavg", paper="McMahan et al., AISTATS 2017 (arXiv:1602.05629)",
+                summary="every client trains the whole model; the server averages weighted by data size")
+METHODS.declare("fedprox", "hfl.methods.fedprox", paper="Li et al., MLSys 2020 (arXiv:1812.06127)",
+                summary="FedAvg with a proximal term mu/2 ||w - w_t||^2 in the client loss")
+METHODS.declare("heterofl", "hfl.methods.heterofl", paper="Diao, Ding and Tarokh, ICLR 2021 (arXiv:2010.01264)",
+                summary="each client trains the upper-left width-r slice of every layer, r fitted to its budget")
+METHODS.declare("fedrolex", "hfl.methods.fedrolex", paper="Alam et al., NeurIPS 2022 (arXiv:2212.01548)",
+                summary="HeteroFL with a window of channels that rolls by one every round")
+METHODS.declare("fjord", "hfl.methods.fjord", paper="Horváth et al., NeurIPS 2021 (arXiv:2102.13451)",
+                summary="ordered dropout: every batch trains a width drawn up to the client's widest fitting width")
+METHODS.declare("depthfl", "hfl.methods.depthfl", paper="Kim, Yu, Kim and Moon, ICLR 2023 (openreview.net/forum?id=pf8RIZTMU58)",
+                summary="depth prefixes with a classifier per stage and mutual self-distillation")
+METHODS.declare("scalefl", "hfl.methods.scalefl", paper="Ilhan, Su and Liu, CVPR 2023 (github.com/git-disl/scale-fl)",
+                summary="levels scaled in width and depth at once, early exits, self-distillation")
+METHODS.declare("decoupled", "hfl.methods.decoupled", paper="the Decoupled baseline of Ilhan, Su and Liu, CVPR 2023 (ScaleFL)",
+                summary="one separate model per complexity level, each trained by its level's clients")
+METHODS.declare("feddf", "hfl.methods.feddf", paper="Lin, Kong, Stich and Jaggi, NeurIPS 2020 (arXiv:2006.07242)",
+                summary="HeteroFL's clients, then the server distils the ensemble of client models into the global one")
+METHODS.declare("nefl", "hfl.methods.nefl", paper="Kang, Cha, Kim and Kim, 2023 (arXiv:2308.07761)",
+                summary="nested sub-models scaled in width and depth with learnable step sizes and per-sub-model norms")
+METHODS.declare("splitmix", "hfl.methods.splitmix", paper="Hong, Wang, Wang and Zhou, ICLR 2022 (arXiv:2203.09747)",
+                summary="independent narrow base models; a client trains as many as its budget allows, mixed at inference")
+METHODS.declare("fedepth", "hfl.methods.fedepth", paper="Zhang, Dai, Wang, Xing, Chen and Sun, AAAI 2024 (arXiv:2303.04887)",
+                summary="every client trains the whole model depth-wise, in block groups that fit its budget")
+METHODS.declare("mfedepth", "hfl.methods.mfedepth", paper="Zhang, Dai, Wang, Xing, Chen and Sun, AAAI 2024 (arXiv:2303.04887)",
+                summary="FeDepth where budgets that hold several models train them with mutual distillation")

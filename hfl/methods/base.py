@@ -1,41 +1,44 @@
 """The method plug-in API: plan (which sub-model a client trains), objective (its loss) and
-aggregate (global state + updates -> new global state)."""
+aggregate (global state + updates -> new global state), over a `Resources` object given once.
+
+A method is a subclass of `Method` with a `Config` dataclass. The members a method may override:
+
+- `__init__(config, resources)`: everything it needs is in `resources`, so it is built in one step;
+- the roles: `plan`, `objective`, `aggregate`;
+- its models: `adapt_model` (exits, a norm per width, applied to every model built),
+  `client_model` (a client's model from a spec, when it is more than the adapted model shaped by the
+  spec), `initial_global_state` (when the global state holds more than one model);
+- `training_cost`, when a task costs more than one cross-entropy step of its spec's model.
+
+Methods whose clients train one of several sub-models set `self.ladder` (`hfl.submodel.ladder`),
+which plans, fits budgets, records trained levels and names what is evaluated; they then need no
+`plan` of their own. Class attributes declare the rest: `State` (a frozen dataclass checkpointed
+with the model), `preferred_norm`, `weighting` ('samples' or 'clients' in the masked mean).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.accountant import Accountant
-from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import TrainingCost
+from hfl.accounting.amounts import ClientBudget
+from hfl.accounting.cost import TrainingCost, tensor_bytes
+from hfl.errors import check
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
-from hfl.submodel.spec import SubmodelSpec, full_spec, shape_model
+from hfl.submodel.ladder import Ladder, Level
+from hfl.submodel.spec import SubmodelSpec, extract, full_spec, shape_model
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
-if TYPE_CHECKING:
-    from hfl.client import ClientModule
-
-MethodState = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ServerResources:
-    """What a method may use on the server besides the updates (FedDF's distillation)."""
-
-    build_model: Callable[[float], ScalableModel]
-    """Builds the method's model (exits and all) at an absolute width ratio."""
-    device: torch.device
-    unlabelled_x: Tensor | None
-    """The server's share of the training inputs, normalised, labels withheld (`data.server_fraction`)."""
-    seed: int
-    """The experiment's seed, for the server's own random draws."""
+ModelBuilder = Callable[..., ScalableModel]
+"""build(width, norm=None): a fresh plain model at an absolute width ratio, optionally with another norm."""
+WEIGHTINGS = ("samples", "clients")
 
 
 @dataclass(frozen=True)
@@ -44,111 +47,176 @@ class MethodConfig:
     """Method registry key (`hfl methods` lists them)."""
 
 
+@dataclass(frozen=True)
+class LadderConfig(MethodConfig):
+    """The settings every method over a ladder of sub-models shares."""
+
+    tier_window: int = -1
+    """-1: each client trains the largest level fitting its budget. k >= 0: NeFL's dynamic tiers
+    (appendix B.7, `hfl.submodel.ladder`): each round a client trains a level drawn uniformly within
+    k levels of its tier (the paper's setting is 2 with five levels)."""
+
+    def __post_init__(self) -> None:
+        window = self.tier_window
+        check(isinstance(window, int) and not isinstance(window, bool) and window >= -1, "tier_window", window, "an integer >= -1")
+
+
+@dataclass(frozen=True)
+class MethodState:
+    """What a method keeps between rounds, checkpointed with the model. A method that keeps more
+    declares a frozen subclass as its `State`."""
+
+    trained_levels: frozenset[str] = frozenset()
+    """Levels of the method's ladder some client has trained (recorded by the server)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Everything a method is built with."""
+
+    model: ScalableModel
+    """The global model's structure as configured; the method adapts it (`Method.model`)."""
+    build: ModelBuilder
+    """Builds the plain model at a width ratio (the method's `build` adapts it)."""
+    accountant: Accountant
+    """What training a model costs on this experiment's data, for fitting budgets."""
+    budgets: Sequence[ClientBudget | None] = ()
+    """Every client's budget, fixed for the run (None: unlimited)."""
+    batch_size: int = 32
+    """The batch size budgets were costed at."""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where the server computes (FedDF's distillation)."""
+    unlabelled_x: Tensor | None = None
+    """The server's share of the training inputs, normalised, labels withheld (`data.server_fraction`)."""
+    seed: int = 0
+    """The experiment's seed, for the server's own random draws."""
+
+
+class Client(Protocol):
+    """What an objective sees of the client training (`hfl.client.ClientModule`)."""
+
+    model: nn.Module
+    peers: Sequence[nn.Module]
+    task: ClientTask
+    stage: int
+    """Index of the running training stage (see `ClientTask.stages`)."""
+    steps: int
+    """Batches trained so far this client-round."""
+    classes: Tensor | None
+    """The labels present in the client's data."""
+    initial: Mapping[str, Tensor]
+    """The trainable weights the client started the round with."""
+
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]: ...
+
+
 class Method:
-    """Default behaviour: every client trains the whole global model with cross-entropy, and the
-    server takes the masked weighted mean of the updates. Methods override one or more roles."""
+    """FedAvg's behaviour: every client trains the whole global model with cross-entropy, and the
+    server takes the masked mean of the updates weighted by sample counts."""
 
     Config: ClassVar[type[MethodConfig]] = MethodConfig
-    paper: ClassVar[str] = ""
-    keeps_initial_weights: ClassVar[bool] = False
-    """True when the objective needs the weights the client started the round with."""
+    State: ClassVar[type[MethodState]] = MethodState
     preferred_norm: ClassVar[str] = "bn"
     """The batch-norm kind `model.norm=auto` builds the model with."""
-    level_table_title: ClassVar[str] = ""
-    """What `hfl budget` calls the table of `level_table` (the paper table it reproduces)."""
+    weighting: ClassVar[str] = "samples"
+    """How the masked mean weighs a client: by its 'samples' (FedAvg) or each client once ('clients')."""
+    ladder: Ladder | None = None
 
-    def __init__(self, config: MethodConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
-        self.config = config
-        self.model = model  # the global model's structure; methods read it, never train it
-        self.accountant = accountant  # what a sub-model costs to train, for fitting budgets
-        self.server: ServerResources | None = None
-        """Set by the environment that runs the method."""
+    def __init__(self, config: MethodConfig, resources: Resources) -> None:
+        self.config, self.resources = config, resources
+        self.model = resources.model
+        """The global model's structure (adapted by methods that adapt models); read, never trained."""
+        self._shapes: StateDict | None = None
 
-    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
-        """Called once, before `adapt_model`, with every client's budget (fixed for the run) and the
-        batch size they were costed at, for methods whose sub-models follow from the clients'
-        resources (ScaleFL's levels); ignored by default."""
-
-    def training_cost(self, spec: SubmodelSpec, batch_size: int) -> TrainingCost:
-        """What training `spec` for one step costs a client (memory, FLOPs): the accountant's
-        measurement of a cross-entropy step at every exit, unless the objective does more (FjORD's
-        self-distillation runs two widths). Budgets are checked and reported against this."""
-        if self.accountant is None:
-            raise RuntimeError("training costs need an accountant (ClientEnvironment gives the method one)")
-        width = self.model.width if spec.width is None else spec.width
-        return self.accountant.cost(width, batch_size, spec)
-
-    def task_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
-        """What the client-round `task` costs per step: `training_cost` of its spec, unless the task
-        trains in stages (FeDepth: the peak of its block groups, the FLOPs of all of them)."""
-        return self.training_cost(task.spec, batch_size)
-
-    def training_stages(self, task: ClientTask) -> Sequence[frozenset[str] | None]:
-        """Parameter names trained one stage after the other, each stage for the round's local
-        epochs with a fresh optimiser (FeDepth's block groups); None: every parameter the spec does
-        not freeze. The objective reads the current stage's index as `client.stage`."""
-        return (None,)
-
-    def peer_models(self, task: ClientTask, model: nn.Module) -> list[nn.Module]:
-        """Models a client trains beside the one it uploads, alive for this client-round only
-        (m-FeDepth's mutual-distillation peers); built on `model`'s device. None by default."""
-        return []
-
+    # -- models -----------------------------------------------------------------------------------
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
-        """Change a freshly built model (the global one, each client's, each evaluated one) the way
-        this method needs: add early exits, a norm per width. Must give equal models equal changes."""
+        """Change a freshly built model the way this method needs (exits, a norm per width); applied
+        to every model it builds. Must give equal models equal changes."""
         return model
 
-    def model_key(self, spec: SubmodelSpec) -> tuple:
-        """What makes client models differ in structure: specs with equal keys share one built
-        model (`client_model`), loaded with each client's weights."""
-        return (self.model.width if spec.width is None else spec.width, spec.dropped_blocks, spec.depth)
+    def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
+        """A model of `spec`'s shape (`norm`: another batch-norm kind, for evaluation)."""
+        return shape_model(self.build(self.width_of(spec), norm), spec)
 
-    def client_model(self, spec: SubmodelSpec, build: Callable[[float], ScalableModel]) -> nn.Module:
-        """A model of `spec`'s structure from `build(width)` (the method's model, adapted): by default
-        the model at the spec's width with its depth structure; SplitMix assembles several."""
-        return shape_model(build(self.model.width if spec.width is None else spec.width), spec)
+    def initial_global_state(self) -> StateDict:
+        """The global state before round 1 (freshly initialised under the run's seed)."""
+        return self.build(self.model.width).state_dict()
 
-    def initial_global_state(self, build: Callable[[float], ScalableModel]) -> StateDict:
-        """The global state before round 1, from `build(width)` (the method's model, freshly
-        initialised); methods that keep several models in it (Decoupled) override this."""
-        return build(self.model.width).state_dict()
-
-    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
-        """What is scored as "the global model": the whole state by default."""
-        return full_spec()
-
-    def init_state(self) -> MethodState:
-        """Server-side method state (masks, step sizes, ...), checkpointed with the model."""
-        return {}
-
+    # -- the three roles ----------------------------------------------------------------------------
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
         """The client's task this round; None when nothing the method offers fits its budget (the
-        client sits the round out and the round records it as skipped)."""
-        return ClientTask(ctx=ctx, spec=full_spec())
+        client sits the round out, recorded as skipped)."""
+        return self.ladder.task(ctx) if self.ladder else ClientTask(ctx, full_spec())
 
-    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+    def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """The client loss for one batch: a dict with `loss` plus any terms worth logging."""
         return {"loss": F.cross_entropy(client.model(x), y)}
 
-    def aggregate(
-        self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
-    ) -> tuple[StateDict, MethodState]:
+    def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:
+        if self.weighting == "clients":
+            updates = [replace(u, weight=1.0) for u in updates]
         return masked_weighted_mean(global_state, updates), state
 
-    def describe_task(self, task: ClientTask) -> str:
-        """One line on what a client trains, for `hfl budget`'s per-tier plans."""
-        if not task.options:
-            return "the whole model" if not task.spec.indices and not task.spec.absent else str(task.spec.describe())
-        return ", ".join(f"{k}={v}" for k, v in task.options.items())
+    # -- costs ------------------------------------------------------------------------------------
+    def training_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
+        """What one step of `task` costs a client (memory, FLOPs): a cross-entropy step at every exit
+        of its spec's client model, measured once per shape. Budgets are checked against this."""
+        spec = task.spec
 
-    def level_table(self) -> list[dict[str, Any]]:
-        """Rows `hfl budget` prints about the sub-models or levels this method defines (ScaleFL's
-        split ratios and costs per level), one column per key (`name` links a row to `submodels`
-        for its training memory); none by default."""
-        return []
+        def build() -> nn.Module:
+            model = self.client_model(spec)
+            for name, param in model.named_parameters():
+                param.requires_grad_(name not in spec.frozen)
+            return model
+
+        return self.resources.accountant.cost(("client", spec.shape, spec.frozen), build, batch_size)
+
+    # -- derived, not meant to be overridden ---------------------------------------------------------
+    def make_ladder(self, levels: Sequence[Level], **policies: Any) -> Ladder:
+        """A ladder over `levels`, costed by this method's `training_cost` and fitted to the run's
+        budgets; `policies` as `Ladder` takes them (tier_window, unbudgeted, evaluated, ...)."""
+        return Ladder(levels, self.training_cost, budgets=self.resources.budgets, upload=self.upload_bytes, **policies)
+
+    def upload_bytes(self, spec: SubmodelSpec) -> int:
+        """Bytes a client of `spec` sends up: what it holds of the global state, less its frozen tensors."""
+        if self._shapes is None:  # the global state's shapes, built on the meta device: no weights
+            with torch.device("meta"):
+                self._shapes = self.initial_global_state()
+        held = extract(self._shapes, replace(spec, masks={}))
+        return tensor_bytes({k: v for k, v in held.items() if k not in spec.frozen}, spec.masks)
+
+    def build(self, width: float, norm: str | None = None) -> ScalableModel:
+        """The method's model (adapted) at an absolute width ratio, freshly initialised, on the CPU."""
+        return self.adapt_model(self.resources.build(width, norm))
+
+    def width_of(self, spec: SubmodelSpec) -> float:
+        return self.model.width if spec.width is None else spec.width
+
+    def init_state(self) -> MethodState:
+        return self.State()
+
+    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
+        """What is scored as "the global model"."""
+        return self.ladder.global_spec(state.trained_levels) if self.ladder else full_spec()
 
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        """The sub-models this method defines, by name, each evaluated every evaluation round
-        (worst and mean go to the summary); none for methods that train one model."""
-        return {}
+        """The sub-models scored every evaluation (worst and mean go to the summary), by name."""
+        return self.ladder.evaluated(state.trained_levels) if self.ladder else {}
+
+
+def record_trained(state: MethodState, updates: Sequence[ClientUpdate]) -> MethodState:
+    """`state` with the levels of `updates` added to the trained ones."""
+    levels = {u.level for u in updates if u.level is not None}
+    return replace(state, trained_levels=state.trained_levels | levels) if levels - state.trained_levels else state
+
+
+def describe_task(task: ClientTask) -> str:
+    """One line on what a client trains, for `hfl budget`'s per-tier plans."""
+    options = task.options
+    if options is None:
+        whole = not task.spec.indices and not task.spec.absent
+        return "the whole model" if whole else str(task.spec.describe())
+    text = str(options) if "__str__" in type(options).__dict__ else ", ".join(f"{k}={v}" for k, v in vars(options).items())
+    if len(task.choices) > 1:
+        text += f", drawn among {', '.join(task.choices)}"
+    return text

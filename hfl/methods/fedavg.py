@@ -11,4 +11,4 @@ from hfl.registry import METHODS
 
 @METHODS.register("fedavg")
 class FedAvg(Method):
-    paper = "McMahan et al., AISTATS 2017 (arXiv:1602.05629)"
+    """The base method's roles as they are."""

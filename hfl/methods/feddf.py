@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.accountant import Accountant
-from hfl.config import check
-from hfl.errors import ConfigError
-from hfl.methods.base import MethodState, ServerResources
+from hfl.errors import ConfigError, check
+from hfl.losses import kl_distillation
+from hfl.methods.base import MethodState, Resources
 from hfl.methods.heterofl import HeteroFL, HeteroFLConfig
 from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
@@ -75,13 +73,6 @@ class FedDFConfig(HeteroFLConfig):
         check(self.distill_samples >= 0, "distill_samples", self.distill_samples, "an integer >= 0 (0: all)")
         check(self.distill_lr > 0, "distill_lr", self.distill_lr, "a number > 0")
         check(self.temperature > 0, "temperature", self.temperature, "a number > 0")
-
-
-def distillation_loss(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
-    """KL(softmax(teacher / T) || softmax(student / T)) * T^2, averaged over the batch."""
-    student = F.log_softmax(student_logits / temperature, dim=1)
-    teacher = F.log_softmax(teacher_logits / temperature, dim=1)
-    return F.kl_div(student, teacher, reduction="batchmean", log_target=True) * temperature**2
 
 
 def track_statistics(model: nn.Module) -> nn.Module:
@@ -128,45 +119,39 @@ def batch_order(size: int, batch_size: int, steps: int, generator: torch.Generat
         position += batch_size
 
 
+@dataclass(frozen=True)
+class FedDFState(MethodState):
+    aggregations: int = 0
+    """Rounds aggregated so far (seeds each round's distillation batches)."""
+
+
 @METHODS.register("feddf")
 class FedDF(HeteroFL):
     Config = FedDFConfig
-    paper = "Lin, Kong, Stich and Jaggi, NeurIPS 2020 (arXiv:2006.07242)"
+    State = FedDFState
 
-    def __init__(self, config: FedDFConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
-        super().__init__(config, model, accountant)
+    def __init__(self, config: FedDFConfig, resources: Resources) -> None:
+        super().__init__(config, resources)
+        if resources.unlabelled_x is None:
+            raise ConfigError("data.server_fraction", 0.0, "a number in (0, 1): feddf distils on the server's share of the training data")
         self._teachers: dict[float, ScalableModel] = {}
         """One teacher model per width, built on first use and reloaded for every client."""
         self._student: ScalableModel | None = None
 
-    def _server(self) -> tuple[ServerResources, Tensor]:
-        if self.server is None:
-            raise RuntimeError("feddf aggregates on the server: set `method.server` (ClientEnvironment does)")
-        if self.server.unlabelled_x is None:
-            raise ConfigError("data.server_fraction", 0.0, "a number in (0, 1): feddf distils on the server's share of the training data")
-        return self.server, self.server.unlabelled_x
-
-    def init_state(self) -> MethodState:
-        self._server()  # a run without a server split fails here, before round 1
-        return {"aggregations": 0}
-
-    def aggregate(
-        self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
-    ) -> tuple[StateDict, MethodState]:
-        server, unlabelled = self._server()
+    def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: FedDFState) -> tuple[StateDict, FedDFState]:
         averaged, state = super().aggregate(global_state, updates, state)
-        count = int(state.get("aggregations", 0)) + 1
-        state = {**state, "aggregations": count}
+        state = replace(state, aggregations=state.aggregations + 1)
         if not updates:  # no teachers this round
             return averaged, state
-        seed = derive_seed(self.server.seed, DISTILL_STREAM, count, *sorted(u.client_id for u in updates))
-        x = unlabelled
+        resources = self.resources
+        seed = derive_seed(resources.seed, DISTILL_STREAM, state.aggregations, *sorted(u.client_id for u in updates))
+        x = resources.unlabelled_x
         if 0 < self.config.distill_samples < len(x):
             pick = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[: self.config.distill_samples]
             x = x[pick.to(x.device)]
-        x = x.to(server.device)
-        target = self.ensemble_logits(server, global_state, updates, x)
-        student = self._student_model(server)
+        x = x.to(resources.device)
+        target = self.ensemble_logits(global_state, updates, x)
+        student = self._student_model()
         student.load_state_dict(averaged, strict=True)
         self.distil(student, x, target, seed)
         distilled = student.state_dict()
@@ -177,16 +162,14 @@ class FedDF(HeteroFL):
         }
         return new, state
 
-    def ensemble_logits(
-        self, server: ServerResources, global_state: Mapping[str, Tensor], updates: list[ClientUpdate], x: Tensor
-    ) -> Tensor:
+    def ensemble_logits(self, global_state: Mapping[str, Tensor], updates: list[ClientUpdate], x: Tensor) -> Tensor:
         """The plain mean of the client models' logits on `x` (AVGLOGITS); each client model is its
         update on top of what it received (tensors it held frozen are not sent back)."""
         total = None
         for update in updates:
             spec = update.spec
-            width = self.model.width if spec.width is None else spec.width
-            teacher = self._teacher_model(server, width)
+            width = self.width_of(spec)
+            teacher = self._teacher_model(width)
             # Statistics are recomputed on x, so they may be missing here, whatever the norm.
             loaded = teacher.load_state_dict({**extract(global_state, spec), **update.state}, strict=False)
             if loaded.unexpected_keys or not all(k.endswith(STATISTICS) for k in loaded.missing_keys):
@@ -210,7 +193,7 @@ class FedDF(HeteroFL):
             order = batch_order(len(x), cfg.distill_batch_size, cfg.distill_steps, torch.Generator().manual_seed(seed))
             for idx in order:
                 idx = idx.to(x.device)
-                loss = distillation_loss(student(x[idx]), target[idx], cfg.temperature)
+                loss = kl_distillation(student(x[idx]), target[idx], cfg.temperature)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(student.parameters(), MAX_GRAD_NORM)
@@ -220,12 +203,12 @@ class FedDF(HeteroFL):
         student.zero_grad(set_to_none=True)
         log.info("distilled %d steps: loss %.4f -> %.4f", cfg.distill_steps, float(losses[0]), float(losses[-1]))
 
-    def _teacher_model(self, server: ServerResources, width: float) -> ScalableModel:
+    def _teacher_model(self, width: float) -> ScalableModel:
         if width not in self._teachers:
-            self._teachers[width] = track_statistics(server.build_model(width)).to(server.device)
+            self._teachers[width] = track_statistics(self.build(width)).to(self.resources.device)
         return self._teachers[width]
 
-    def _student_model(self, server: ServerResources) -> ScalableModel:
+    def _student_model(self) -> ScalableModel:
         if self._student is None:
-            self._student = server.build_model(self.model.width).to(server.device)
+            self._student = self.build(self.model.width).to(self.resources.device)
         return self._student

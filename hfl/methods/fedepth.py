@@ -3,19 +3,17 @@ Heterogeneous Federated Learning", AAAI 2024 (arXiv:2303.04887).
 
 Every client trains the whole model, one group of consecutive blocks at a time. The groups come from
 the client's memory budget (`decompose`, the paper's Figure 3): blocks are packed in order while the
-group's training memory, measured by the accountant for that group (frozen prefix, group, skip
-connection and head), fits. The paper sums per-block memories; a group's own measurement also
-counts what its blocks share once (the frozen prefix's forward, the head, the batch), not per block. For group j the
-earlier blocks are frozen and run without saving activations, the group is trained together with the
-head, and the group's output reaches the head through a skip connection over the remaining blocks
-(problem (1)); the head trained with group j is the starting point for group j+1 (Algorithm 1).
+group's measured training memory fits (the paper sums per-block memories; measuring the group counts
+the frozen prefix's forward, the head and the batch once). For group j the earlier blocks are frozen
+and run without saving activations, the group is trained together with the head, and the group's
+output reaches the head through a skip connection over the remaining blocks (problem (1)); the head
+trained with group j is the starting point for group j+1 (Algorithm 1).
 `connector=auxiliary` trains an auxiliary classifier after the group instead (the alternative the
 paper names). A block that does not fit even alone is never trained by that client but still runs
 forward (partial training); the server averages each tensor over the clients that trained it.
 
-m-FeDepth (`mfedepth`): a client whose budget holds M > 1 models, each trained depth-wise with every
-block, trains M of them with mutual knowledge distillation, mean cross-entropy plus
-1/(M-1) sum over ordered pairs of KL(h^m' || h^m), and uploads one.
+m-FeDepth (`mfedepth`, `hfl.methods.mfedepth`) trains several models with mutual distillation where
+a budget holds them; its peers are built here (`max_models`).
 
 Deliberate choices where the paper is silent:
 - The skip connection is the parameter-free shortcut of He et al. (2016): the group's output is
@@ -24,66 +22,33 @@ Deliberate choices where the paper is silent:
 - Each group is trained for the round's local epochs, so a client makes as many updates per block
   as FedAvg ("the same number of local updates"); each group starts a fresh optimiser.
 - Frozen blocks run in training mode (batch statistics, as when they were trained this round).
-- m-FeDepth's peers start every client-round from fresh seeded initialisations and are discarded
-  after it: copies of the global model trained on the same batches would stay identical (the
-  distillation term has zero gradient there), and mutual learning trains differently initialised
-  students. The model that started from the global weights is the one uploaded. M is the largest
-  number of models, up to `max_models`, for which every block fits.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.accountant import Accountant
 from hfl.accounting.cost import TrainingCost
-from hfl.config import check, check_choice
-from hfl.methods.base import Method, MethodConfig, MethodState
-from hfl.methods.depthfl import mutual_distillation
+from hfl.errors import check, check_choice
+from hfl.losses import mutual_learning_loss
+from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
 from hfl.models.base import EXIT_KINDS, ScalableModel
 from hfl.registry import METHODS
+from hfl.submodel.scaling import Group, decompose
 from hfl.submodel.spec import freeze, full_spec
 from hfl.types import ClientTask, RoundContext
-
-if TYPE_CHECKING:
-    from hfl.client import ClientModule
 
 log = logging.getLogger(__name__)
 
 CONNECTORS = ("skip", "auxiliary")
-Group = tuple[int, int]
-"""First and last body block of a group, inclusive."""
-
-
-def decompose(num_blocks: int, fits: Callable[[Group], bool]) -> tuple[list[Group], list[int]]:
-    """Memory-adaptive decomposition (Figure 3): consecutive blocks are packed into one group while
-    `fits(group)` (the group's training fits the budget); a block that does not fit alone is
-    skipped (partial training) and ends the group before it. Returns (groups, skipped blocks)."""
-    groups: list[Group] = []
-    skipped: list[int] = []
-    first = None
-    for block in range(num_blocks):
-        if first is not None and fits((first, block)):
-            continue
-        if first is not None:
-            groups.append((first, block - 1))
-            first = None
-        if fits((block, block)):
-            first = block
-        else:
-            skipped.append(block)
-    if first is not None:
-        groups.append((first, num_blocks - 1))
-    return groups, skipped
 
 
 def skip_to_head(h: Tensor, head_shape: Sequence[int]) -> Tensor:
@@ -109,24 +74,24 @@ def block_output_shapes(model: ScalableModel, input_shape: Sequence[int]) -> lis
     return shapes
 
 
-def mutual_learning_loss(logits: Sequence[Tensor], y: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
-    """m-FeDepth's objective: the models' mean cross-entropy plus 1/(M-1) sum over ordered pairs
-    m != m' of KL(h^m' || h^m), each model learning from the others' detached predictions; plain
-    cross-entropy for one model (FeDepth)."""
-    ce = torch.stack([F.cross_entropy(z, y) for z in logits]).mean()
-    if len(logits) == 1:
-        return {"loss": ce}
-    distill = mutual_distillation(list(logits), temperature)
-    return {"loss": ce + distill, "ce": ce.detach(), "distillation": distill.detach()}
-
-
 @dataclass(frozen=True)
 class Layout:
-    """How one budget trains the model: models trained together, block groups in order, skipped blocks."""
+    """How one budget trains the model (a client's task options): models trained together, block
+    groups in order, skipped blocks."""
 
     models: int
     groups: tuple[Group, ...]
     skipped: tuple[int, ...]
+
+    def __str__(self) -> str:
+        """E.g. "blocks 4 | 5 | 6-9, skips 1-3; 2 models" (blocks counted from 1, as `hfl budget`)."""
+        def span(first: int, last: int) -> str:
+            return f"{first + 1}" if first == last else f"{first + 1}-{last + 1}"
+
+        text = "blocks " + " | ".join(span(*g) for g in self.groups)
+        if self.skipped:
+            text += ", skips " + ", ".join(str(b + 1) for b in self.skipped)
+        return text + (f"; {self.models} models" if self.models > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -152,12 +117,12 @@ class FeDepthConfig(MethodConfig):
 @METHODS.register("fedepth")
 class FeDepth(Method):
     Config = FeDepthConfig
-    paper = "Zhang, Dai, Wang, Xing, Chen and Sun, AAAI 2024 (arXiv:2303.04887)"
     preferred_norm = "bn"  # every client trains the whole model: running statistics stay valid
 
-    def __init__(self, config: FeDepthConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
-        super().__init__(config, model, accountant)
-        self.num_blocks = len(model.blocks())
+    def __init__(self, config: FeDepthConfig, resources: Resources) -> None:
+        super().__init__(config, resources)
+        self.num_blocks = len(self.model.blocks())
+        self.model = self.adapt_model(self.model)
         self._stage_costs: dict[tuple, TrainingCost] = {}
         self._layouts: dict[tuple, Layout | None] = {}
         self._shapes: dict[tuple, list[tuple[int, ...]]] = {}
@@ -214,10 +179,8 @@ class FeDepth(Method):
         """Measured memory and FLOPs of one step of `group` with `models` models resident and trained."""
         key = (group, models, batch_size)
         if key not in self._stage_costs:
-            if self.accountant is None:
-                raise RuntimeError("FeDepth's decomposition needs an accountant (ClientEnvironment gives it one)")
-            model = self.adapt_model(self.accountant.build(self.model.width))
-            self.head_input_shape(model, self.accountant.input_shape)  # shapes first: not part of the measurement
+            model = self.build(self.model.width)
+            self.head_input_shape(model, self.resources.accountant.input_shape)  # shapes first: not part of the measurement
             trainable = self.stage_parameters(model, group)
             for name, param in model.named_parameters():
                 param.requires_grad_(name in trainable)
@@ -226,7 +189,7 @@ class FeDepth(Method):
             def step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
                 return self.stage_loss(list(m), x, y, group)["loss"]
 
-            self._stage_costs[key] = self.accountant.measure(ensemble, batch_size, step)
+            self._stage_costs[key] = self.resources.accountant.measure(ensemble, batch_size, step)
         return self._stage_costs[key]
 
     def group_fits(self, group: Group, *, models: int, batch_size: int, budget: int) -> bool:
@@ -240,7 +203,7 @@ class FeDepth(Method):
         return self._layouts[key]
 
     def _layout(self, budget: int | None, batch_size: int) -> Layout | None:
-        if budget is None or self.accountant is None:
+        if budget is None:
             return Layout(self.config.max_models, ((0, self.num_blocks - 1),), ())
         for models in range(self.config.max_models, 0, -1):
             groups, skipped = decompose(self.num_blocks, partial(self.group_fits, models=models, batch_size=batch_size, budget=budget))
@@ -248,9 +211,10 @@ class FeDepth(Method):
                 return Layout(models, tuple(groups), tuple(skipped))
         return None
 
-    def task_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
+    def training_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
         """The peak over the client's groups; the FLOPs of all of them (each runs the local epochs)."""
-        costs = [self.stage_cost(g, task.options["models"], batch_size) for g in task.options["groups"]]
+        layout = task.options
+        costs = [self.stage_cost(g, layout.models, batch_size) for g in layout.groups]
         peak = max(costs, key=lambda c: c.peak_bytes)
         return replace(
             peak,
@@ -270,42 +234,9 @@ class FeDepth(Method):
         trained = [m for g in layout.groups for m in self.stage_modules(self.model, g)]
         held = {id(t) for module in trained for t in (*module.parameters(), *module.buffers())}
         untrained = [k for k, t in self.model.state_dict(keep_vars=True).items() if id(t) not in held]
-        spec = freeze(full_spec(), untrained)
-        return ClientTask(ctx, spec, {"groups": layout.groups, "models": layout.models, "skipped": layout.skipped})
+        stages = tuple(self.stage_parameters(self.model, g) for g in layout.groups)
+        return ClientTask(ctx, freeze(full_spec(), untrained), layout, stages=stages, peers=layout.models - 1)
 
-    def describe_task(self, task: ClientTask) -> str:
-        """E.g. "blocks 4 | 5 | 6-9, skips 1-3; 2 models" (blocks counted from 1, as `hfl budget`)."""
-        def span(first: int, last: int) -> str:
-            return f"{first + 1}" if first == last else f"{first + 1}-{last + 1}"
-
-        text = "blocks " + " | ".join(span(*g) for g in task.options["groups"])
-        if task.options["skipped"]:
-            text += ", skips " + ", ".join(str(b + 1) for b in task.options["skipped"])
-        return text + (f"; {task.options['models']} models" if task.options["models"] > 1 else "")
-
-    def training_stages(self, task: ClientTask) -> list[frozenset[str]]:
-        return [self.stage_parameters(self.model, g) for g in task.options["groups"]]
-
-    def peer_models(self, task: ClientTask, model: nn.Module) -> list[nn.Module]:
-        if task.options["models"] == 1:
-            return []
-        if self.server is None:
-            raise RuntimeError("m-FeDepth's peers need the environment's model builder (ClientEnvironment sets it)")
-        device = next(model.parameters()).device
-        return [self.server.build_model(self.model.width).to(device) for _ in range(task.options["models"] - 1)]
-
-    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        group = client.task.options["groups"][client.stage]
+    def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        group = client.task.options.groups[client.stage]
         return self.stage_loss([client.model, *client.peers], x, y, group)
-
-
-@dataclass(frozen=True)
-class MFeDepthConfig(FeDepthConfig):
-    name: str = "mfedepth"
-    max_models: int = 2
-    """Most models a client trains with mutual distillation; the budget decides how many fit."""
-
-
-@METHODS.register("mfedepth")
-class MFeDepth(FeDepth):
-    Config = MFeDepthConfig

@@ -5,16 +5,12 @@ Client objective: CE + mu/2 * ||w - w_t||^2, w_t the global weights the client r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from hfl.config import check
-from hfl.methods.base import Method, MethodConfig
+from hfl.errors import check
+from hfl.methods.base import Client, Method, MethodConfig
 from hfl.registry import METHODS
-
-if TYPE_CHECKING:
-    from hfl.client import ClientModule
 
 
 @dataclass(frozen=True)
@@ -30,10 +26,8 @@ class FedProxConfig(MethodConfig):
 @METHODS.register("fedprox")
 class FedProx(Method):
     Config = FedProxConfig
-    paper = "Li et al., MLSys 2020 (arXiv:1812.06127)"
-    keeps_initial_weights = True
 
-    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+    def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         terms = super().objective(client, x, y)
         proximal = sum(((p - client.initial[n]) ** 2).sum() for n, p in client.trainable_parameters())
         terms["proximal"] = proximal.detach()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfl.methods.heterofl import HeteroFL, HeteroFLConfig
+from hfl.methods.base import Resources
+from hfl.methods.heterofl import HeteroFL, HeteroFLConfig, WidthOptions
 from hfl.registry import METHODS
+from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, width_spec
 from hfl.types import RoundContext
 
@@ -24,8 +26,12 @@ class FedRolexConfig(HeteroFLConfig):
 @METHODS.register("fedrolex")
 class FedRolex(HeteroFL):
     Config = FedRolexConfig
-    paper = "Alam et al., NeurIPS 2022 (arXiv:2212.01548)"
 
-    def spec_for(self, rate: float, ctx: RoundContext) -> SubmodelSpec:
+    def __init__(self, config: FedRolexConfig, resources: Resources) -> None:
+        super().__init__(config, resources)
+        self.ladder.place = self.rolled
+
+    def rolled(self, level: Level, ctx: RoundContext) -> tuple[SubmodelSpec, WidthOptions]:
+        """The level's window of every channel group, started at channel (round - 1) mod Q."""
         offsets = {g.name: (ctx.round - 1) % g.size for g in self.model.channel_groups()}
-        return width_spec(self.model, self.model.width * rate, offsets)
+        return width_spec(self.model, self.model.width * level.options.rate, offsets), level.options

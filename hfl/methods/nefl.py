@@ -27,7 +27,7 @@ over theirs, and so on. Inconsistent parameters live once per sub-model in the g
 Both divide by client counts, as Algorithm 2 does (not by sample counts).
 
 Clients (appendix B.7): five tiers, each drawing its sub-model every round among those within
-`tier_window` of its own (`hfl.methods.tiers`); with memory budgets a client's tier is the largest
+`tier_window` of its own (`hfl.submodel.ladder`); with memory budgets a client's tier is the largest
 sub-model whose training fits, and only fitting sub-models are drawn.
 
 Models without residual blocks (the CNN) have no step sizes and no blocks to omit: NeFL-WD then
@@ -36,27 +36,23 @@ scales width alone, and NeFL-D is refused.
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from hfl.accounting.accountant import Accountant
-from hfl.accounting.budgets import ClientBudget
-from hfl.accounting.cost import TrainingCost
-from hfl.config import check, check_choice
-from hfl.errors import ConfigError
-from hfl.methods.base import Method, MethodConfig, MethodState
-from hfl.methods.tiers import DynamicTiers
-from hfl.models.base import ResidualBlock, ScalableModel, nefl_do_step_sizes
+from hfl.accounting.analytic import held_parameters
+from hfl.errors import ConfigError, check, check_choice
+from hfl.methods.base import LadderConfig, Method, Resources
+from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import METHODS
-from hfl.submodel.aggregate import masked_weighted_mean
+from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy
+from hfl.submodel.ladder import Level
+from hfl.submodel.scaling import blocks_to_omit, largest_width, omission_order
 from hfl.submodel.spec import SubmodelSpec, drop_blocks, width_spec
-from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
+from hfl.types import RoundContext
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +61,7 @@ INITIAL_STEPS = ("ones", "do")
 
 
 @dataclass(frozen=True)
-class NeFLConfig(MethodConfig):
+class NeFLConfig(LadderConfig):
     name: str = "nefl"
     scaling: str = "wd"
     """'w' width only (NeFL-W), 'd' depth only (NeFL-D), 'wd' both (NeFL-WD)."""
@@ -84,117 +80,41 @@ class NeFLConfig(MethodConfig):
     -1: no draw, each client trains the largest sub-model fitting its budget (the whole model without one)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice("scaling", self.scaling, SCALINGS)
         check_choice("initial_steps", self.initial_steps, INITIAL_STEPS)
         gammas = list(self.gammas)
         check(bool(gammas) and all(0 < g <= 1 for g in gammas) and gammas == sorted(set(gammas)) and gammas[-1] == 1,
               "gammas", gammas, "ascending ratios in (0, 1] ending with 1")
         check(0 <= self.depth_exponent <= 1, "depth_exponent", self.depth_exponent, "a number in [0, 1]")
-        check(self.tier_window >= -1, "tier_window", self.tier_window, "an integer >= -1")
         check(self.inconsistent or self.initial_steps == "ones", "initial_steps", self.initial_steps,
               "'ones' when inconsistent=false (NeFL-DO's values differ per sub-model)")
 
 
-class NormCopies(nn.Module):
-    """One batch norm per sub-model, each with the layer's full channel count; the model runs the
-    `active` copy (a client model holds only its own)."""
+def nefl_do_step_sizes(num_blocks: int, omitted: Iterable[int]) -> list[float]:
+    """NeFL-DO's initial step sizes for a body of `num_blocks` blocks of which `omitted` are skipped.
 
-    def __init__(self, norm: nn.Module, names: Sequence[str]) -> None:
-        super().__init__()
-        for name in names:
-            self.add_module(name, copy.deepcopy(norm))
-        self.active = names[-1]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return getattr(self, self.active)(x)
-
-
-class StepCopies(nn.Module):
-    """One learnable step size per sub-model; returns the `active` one."""
-
-    def __init__(self, values: dict[str, float], like: Tensor) -> None:
-        super().__init__()
-        for name, value in values.items():
-            self.register_parameter(name, nn.Parameter(torch.tensor(value, dtype=like.dtype, device=like.device)))
-        self.active = list(values)[-1]
-
-    def forward(self) -> Tensor:
-        return getattr(self, self.active)
-
-
-COPIES = (NormCopies, StepCopies)
-
-
-def keep_copy(model: nn.Module, name: str) -> None:
-    """Reduce every per-sub-model copy set of `model` to sub-model `name`'s."""
-    for module in model.modules():
-        if isinstance(module, COPIES):
-            for other, _ in list(module.named_children()) + list(module.named_parameters(recurse=False)):
-                if other != name:
-                    delattr(module, other)
-            module.active = name
-
-
-def held_parameters(model: ScalableModel, spec: SubmodelSpec) -> int:
-    """Parameters of `model` a client of `spec` holds (no buffers)."""
-    total = 0
-    for key, param in model.named_parameters():
-        if key in spec.absent:
-            continue
-        dims = spec.indices.get(key, {})
-        count = 1
-        for d, size in enumerate(param.shape):
-            count *= len(dims[d]) if d in dims else size
-        total += count
-    return total
-
-
-def omission_order(model: ScalableModel) -> list[int]:
-    """Body blocks in the order NeFL-D omits them (see the module docstring)."""
-    blocks = model.blocks()
-    omittable = {b.index for b in blocks if isinstance(model.body[b.index], ResidualBlock)
-                 and (b.droppable or model.body[b.index].shortcut_modules)}
-    stages: list[list[int]] = []
-    for b in blocks:
-        if stages and blocks[stages[-1][-1]].out_group == b.out_group:
-            stages[-1].append(b.index)
-        else:
-            stages.append([b.index])
-    tails = [[i for i in stage[1:] if i in omittable] for stage in stages]
-    order = []
-    while any(tails):
-        for tail in reversed(tails):
-            if tail:
-                order.append(tail.pop())
-    return order + [stage[0] for stage in reversed(stages) if stage[0] in omittable]
-
-
-def blocks_to_omit(order: Sequence[int], saved: dict[int, int], total: int, target: float) -> frozenset[int]:
-    """The blocks whose omission leaves the most parameters within `target * total` (omitting block
-    b saves `saved[b]`), or among those within 1 % of the parameters of it the one omitting fewest
-    blocks: an exact subset sum over the distinct block sizes; blocks of one size are
-    interchangeable for the count, so they go in `order`'s preference."""
-    need = total - target * total * (1 + 1e-9)
-    if need <= 0:
-        return frozenset()
-    classes: dict[int, list[int]] = {}
-    for block in order:
-        classes.setdefault(saved[block], []).append(block)
-    reachable: dict[int, tuple[int, ...]] = {0: ()}  # parameters saved -> blocks omitted per size class
-    for size, blocks in classes.items():
-        grown: dict[int, tuple[int, ...]] = {}
-        for removed, counts in reachable.items():
-            for count in range(len(blocks) + 1):
-                key, choice = removed + count * size, (*counts, count)
-                if key not in grown or sum(choice) < sum(grown[key]):
-                    grown[key] = choice
-        reachable = grown
-    enough = [r for r in reachable if r >= need] or [max(reachable)]
-    # Within 1 % of the parameters of the closest fit, omit as few blocks as possible (depth is
-    # what a depth-scaled sub-model loses; many small blocks for a near-exact ratio is the worse trade).
-    close = [r for r in enough if r <= min(enough) + 0.01 * total]
-    counts = min((reachable[r] for r in close), key=lambda c: (sum(c), 0))
-    return frozenset(b for blocks, count in zip(classes.values(), counts) for b in blocks[:count])
+    Kang et al. (NeFL, appendix A.3): NeFL-DO "gives larger initial step sizes to compensate" the
+    skipped blocks, "determined based on the number of blocks that are skipped. For a submodel
+    without Block 2, initial output after Block 2 is initially computed as Y3 = Y0 + F0 + 2F1 given
+    s0 = 1, s1 = 2, s2 = 0". Their ResNet-56 table (Table 12, appendix B.2) pins the rule: a kept
+    block followed by k consecutive omitted blocks starts at k + 1 (e.g. `1, 8, 0, 0, 0, 0, 0, 0, 0`
+    for a stage whose last seven blocks are omitted); every other kept block starts at 1 and an
+    omitted block at 0, the tables' mark for a block the sub-model lacks (s = 0 also computes
+    Y + 0 * F(Y) = Y). Omitted blocks at the very start of the body have no kept block before them:
+    the paper never omits one, and here they are left uncompensated. The paper gives NeFL-DO values
+    for ResNets only; `add_step_sizes` gives a ViT block's value to both its attention and MLP steps."""
+    omitted = set(omitted)
+    if not omitted <= set(range(num_blocks)):
+        raise ValueError(f"omitted blocks must lie in 0..{num_blocks - 1}, got {sorted(omitted)}")
+    steps = [0.0 if i in omitted else 1.0 for i in range(num_blocks)]
+    kept = None
+    for i in range(num_blocks):
+        if i not in omitted:
+            kept = i
+        elif kept is not None:
+            steps[kept] += 1.0
+    return steps
 
 
 @dataclass(frozen=True)
@@ -217,29 +137,36 @@ class Submodel:
         return f"x{self.gamma:g}"
 
 
+@dataclass(frozen=True)
+class NeFLOptions:
+    submodel: int
+    gamma: float
+
+    def __str__(self) -> str:
+        return f"sub-model {self.submodel} (gamma {self.gamma:g})"
+
+
 @METHODS.register("nefl")
 class NeFL(Method):
     Config = NeFLConfig
-    paper = "Kang, Cha, Kim and Kim, 2023 (arXiv:2308.07761)"
     preferred_norm = "bn"
-    level_table_title = "NeFL's Table 8; params ratio: achieved share of the parameters beside the target gamma"
+    weighting = "clients"  # Algorithm 2 divides by client counts
 
-    def __init__(self, config: NeFLConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
-        super().__init__(config, model, accountant)
-        self.residual = any(isinstance(b, ResidualBlock) for b in model.body)
+    def __init__(self, config: NeFLConfig, resources: Resources) -> None:
+        super().__init__(config, resources)
+        self.residual = any(isinstance(b, ResidualBlock) for b in self.model.body)
         if config.scaling == "d" and not self.residual:
-            raise ConfigError("method.scaling", "d", f"'w' or 'wd': {type(model).__name__} has no residual blocks to omit")
-        self.total_params = held_parameters(model, SubmodelSpec())
-        self.order = omission_order(model) if self.residual else []
+            raise ConfigError("method.scaling", "d", f"'w' or 'wd': {type(self.model).__name__} has no residual blocks to omit")
+        self.total_params = held_parameters(self.model, SubmodelSpec())
+        self.order = omission_order(self.model) if self.residual else []
         """Blocks depth scaling may omit, in the order equal-sized ones go."""
-        self.saved = {b: self.total_params - held_parameters(model, drop_blocks(SubmodelSpec(), model, {b})) for b in self.order}
+        self.saved = {b: self.total_params - held_parameters(self.model, drop_blocks(SubmodelSpec(), self.model, {b})) for b in self.order}
         """Parameters omitting each block saves."""
         self.submodels_ = [self._scale(k, g) for k, g in enumerate(config.gammas, start=1)]
-        self.tiers = DynamicTiers.for_window(len(self.submodels_), config.tier_window)
-        self.batch_size = 32
-        self._specs: dict[int, SubmodelSpec] = {}
-        self._costs: dict[tuple, TrainingCost] = {}
-        self._copy_keys: dict[str, frozenset[str]] = {}
+        self.model = self.adapt_model(self.model)
+        levels = [Level(sub.name, self.spec_for(sub), NeFLOptions(sub.index, sub.gamma)) for sub in self.submodels_]
+        self.ladder = self.make_ladder(levels, tier_window=config.tier_window, evaluated="trained", global_model="largest_trained",
+                                       table=self.level_table, title="NeFL's Table 8; params ratio: achieved share of the parameters beside the target gamma")
 
     # -- sub-models -----------------------------------------------------------------------------
     def _params(self, width: float, omitted: frozenset[int]) -> int:
@@ -254,58 +181,19 @@ class NeFL(Method):
             omitted = blocks_to_omit(self.order, self.saved, total, depth_gamma)
         width = 1.0
         if "w" in scaling and gamma < 1:
-            width = self._width_for(gamma * total, omitted)
+            width = largest_width(lambda w: self._params(w, omitted), gamma * total)
         return Submodel(index, gamma, width, omitted, self._params(width, omitted))
 
-    def _width_for(self, target: float, omitted: frozenset[int]) -> float:
-        """The largest width ratio whose sub-model (with `omitted` blocks) holds at most `target`
-        parameters; bisection, the count being monotone in the width."""
-        if self._params(1.0, omitted) <= target:
-            return 1.0
-        lo, hi = 0.0, 1.0
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if mid > 0 and self._params(mid, omitted) <= target:
-                lo = mid
-            else:
-                hi = mid
-        return max(lo, 1e-3)
-
-    def copy_keys(self, name: str) -> frozenset[str]:
-        """Global state keys of sub-model `name`'s inconsistent copies."""
-        if name not in self._copy_keys:
-            self._copy_keys[name] = frozenset(
-                f"{path}.{key}"
-                for path, module in self.model.named_modules() if isinstance(module, COPIES)
-                for key in module.state_dict() if key.partition(".")[0] == name
-            )
-        return self._copy_keys[name]
-
-    def spec_for(self, index: int) -> SubmodelSpec:
-        """Sub-model `index` (1-based): its width slice, omitted blocks, and its own copies only."""
-        if index not in self._specs:
-            sub = self.submodels_[index - 1]
-            spec = drop_blocks(width_spec(self.model, self.model.width * sub.width), self.model, sub.omitted)
-            if self.config.inconsistent:
-                others = frozenset().union(*(self.copy_keys(s.copy_name) for s in self.submodels_ if s.index != index))
-                spec = replace(spec, absent=spec.absent | others)
-            if not self.config.learnable_steps:
-                spec = replace(spec, frozen=spec.frozen | (frozenset(self.model.step_size_keys()) - spec.absent))
-            self._specs[index] = spec
-        return self._specs[index]
-
-    def held_copy(self, spec: SubmodelSpec) -> tuple[str, ...]:
-        """Names of the sub-model copies a spec holds (one for NeFL's specs, all for the whole state)."""
-        if not self.config.inconsistent:
-            return ()
-        return tuple(s.copy_name for s in self.submodels_ if not self.copy_keys(s.copy_name) <= spec.absent)
+    def spec_for(self, sub: Submodel) -> SubmodelSpec:
+        """Sub-model `sub`: its width slice, omitted blocks, and its own copies only."""
+        spec = drop_blocks(width_spec(self.model, self.model.width * sub.width), self.model, sub.omitted)
+        if self.config.inconsistent:
+            spec = replace(spec, absent=spec.absent | copy_keys(self.model, [s.copy_name for s in self.submodels_ if s is not sub]))
+        if not self.config.learnable_steps:
+            spec = replace(spec, frozen=spec.frozen | (frozenset(self.model.step_size_keys()) - spec.absent))
+        return spec
 
     # -- models ---------------------------------------------------------------------------------
-    def initial_steps(self, sub: Submodel, blocks: int) -> list[float]:
-        if self.config.initial_steps == "do":
-            return nefl_do_step_sizes(blocks, sub.omitted)
-        return [1.0] * blocks
-
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         """Batch norms and step sizes per sub-model (one of each when `inconsistent=false`)."""
         names = [s.copy_name for s in self.submodels_]
@@ -315,7 +203,8 @@ class NeFL(Method):
             return model
         model.add_step_sizes(1.0)
         if self.config.inconsistent:
-            starts = {s.copy_name: self.initial_steps(s, len(model.body)) for s in self.submodels_}
+            initial = nefl_do_step_sizes if self.config.initial_steps == "do" else lambda n, _omitted: [1.0] * n
+            starts = {s.copy_name: initial(len(model.body), s.omitted) for s in self.submodels_}
             for i, block in enumerate(model.body):
                 if isinstance(block, ResidualBlock) and not block.branch_skipped:
                     for step in block.step_names:
@@ -324,95 +213,24 @@ class NeFL(Method):
                         setattr(block, step, StepCopies({n: starts[n][i] for n in names}, like))
         return model
 
-    def model_key(self, spec: SubmodelSpec) -> tuple:
-        return (*super().model_key(spec), self.held_copy(spec))
-
-    def client_model(self, spec: SubmodelSpec, build: Callable[[float], ScalableModel]) -> nn.Module:
-        model = super().client_model(spec, build)
-        held = self.held_copy(spec)
-        if len(held) == 1:
+    def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
+        """The sub-model's model, holding its own copies only (the whole state's model holds all)."""
+        model = super().client_model(spec, norm)
+        held = [s.copy_name for s in self.submodels_ if not copy_keys(self.model, [s.copy_name]) <= spec.absent]
+        if self.config.inconsistent and len(held) == 1:
             keep_copy(model, held[0])
         return model
 
-    def training_cost(self, spec: SubmodelSpec, batch_size: int) -> TrainingCost:
-        """Measured on the client's model (its own copies only, not every sub-model's)."""
-        key = (self.model_key(spec), spec.frozen, batch_size)
-        if key not in self._costs:
-            acc = self.accountant
-            if acc is None:
-                raise RuntimeError("training costs need an accountant")
-            model = self.client_model(spec, lambda width: self.adapt_model(acc.build(width)))
-            for name, param in model.named_parameters():
-                param.requires_grad_(name not in spec.frozen)
-            self._costs[key] = acc.measure(model, batch_size)
-        return self._costs[key]
-
-    # -- plan -----------------------------------------------------------------------------------
-    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
-        self.batch_size = batch_size
-        if self.tiers is not None:
-            self.tiers.use_budgets(budgets)
-
-    def fits(self, ctx: RoundContext, index: int) -> bool:
-        budget = ctx.budget.memory_bytes if ctx.budget else None
-        if budget is None or self.accountant is None:
-            return True
-        return self.training_cost(self.spec_for(index), min(ctx.train.batch_size, ctx.num_samples)).peak_bytes <= budget
-
-    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        count = len(self.submodels_)
-        if self.tiers is not None:
-            levels = self.tiers.allowed(ctx, lambda k: self.fits(ctx, k + 1))
-            level = self.tiers.pick(ctx, levels)
-            allowed = [k + 1 for k in levels]
-        else:
-            level = next((k for k in reversed(range(count)) if self.fits(ctx, k + 1)), None)
-            allowed = [] if level is None else [level + 1]
-        if level is None:
-            log.info("client %d: not even sub-model 1 fits its budget", ctx.client_id)
-            return None
-        sub = self.submodels_[level]
-        return ClientTask(ctx, self.spec_for(sub.index), {"submodel": sub.index, "gamma": sub.gamma, "allowed": allowed})
-
-    def describe_task(self, task: ClientTask) -> str:
-        o = task.options
-        return f"sub-model {o['submodel']} (gamma {o['gamma']:g}), drawn among {o['allowed']}"
-
-    # -- aggregation and evaluation -------------------------------------------------------------
-    def init_state(self) -> MethodState:
-        return {"trained_submodels": []}
-
-    def aggregate(
-        self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState
-    ) -> tuple[StateDict, MethodState]:
-        """Algorithm 2: every entry averaged over the clients that held it, each client counting once."""
-        new = masked_weighted_mean(global_state, [replace(u, weight=1.0) for u in updates])
-        by_key = {self.model_key(self.spec_for(s.index)): s.index for s in self.submodels_}
-        trained = set(state.get("trained_submodels", [])) | {by_key[k] for u in updates if (k := self.model_key(u.spec)) in by_key}
-        return new, {**state, "trained_submodels": sorted(trained)}
-
-    def trained(self, state: MethodState) -> list[Submodel]:
-        """Sub-models some client has trained (all of them before round 1)."""
-        done = set(state.get("trained_submodels", []))
-        return [s for s in self.submodels_ if s.index in done] or list(self.submodels_)
-
-    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
-        return self.spec_for(self.trained(state)[-1].index)
-
-    def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        return {s.name: self.spec_for(s.index) for s in self.trained(state)}
-
-    def level_table(self) -> list[dict[str, Any]]:
+    def level_table(self, ctx: RoundContext) -> list[dict[str, Any]]:
         """The paper's Table 8 per sub-model: target and achieved parameter ratio, width, omitted
         blocks, parameters and forward FLOPs per sample; a last row with their means."""
         rows = []
         for sub in self.submodels_:
-            flops = self.training_cost(self.spec_for(sub.index), self.batch_size).forward_flops_per_sample if self.accountant else None
+            task = self.ladder.task_for(ctx, self.ladder[sub.name])
             rows.append({"name": sub.name, "submodel": sub.index, "gamma": sub.gamma, "params_ratio": sub.params / self.total_params,
                          "width": sub.width, "omitted_blocks": ",".join(str(b + 1) for b in sorted(sub.omitted)) or "-",
-                         "params": sub.params, "flops": flops})
+                         "params": sub.params, "flops": self.training_cost(task, self.resources.batch_size).forward_flops_per_sample})
         mean = {"name": "mean", "submodel": "mean", "gamma": sum(r["gamma"] for r in rows) / len(rows),
                 "params_ratio": sum(r["params_ratio"] for r in rows) / len(rows), "width": None, "omitted_blocks": "",
-                "params": sum(r["params"] for r in rows) / len(rows),
-                "flops": None if rows[0]["flops"] is None else sum(r["flops"] for r in rows) / len(rows)}
+                "params": sum(r["params"] for r in rows) / len(rows), "flops": sum(r["flops"] for r in rows) / len(rows)}
         return [*rows, mean]

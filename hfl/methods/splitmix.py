@@ -31,28 +31,22 @@ Deliberate deviations and choices:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.accountant import Accountant
-from hfl.accounting.budgets import ClientBudget
 from hfl.accounting.cost import TrainingCost
-from hfl.config import check
-from hfl.methods.base import Method, MethodConfig, MethodState
-from hfl.models.base import ScalableModel
+from hfl.errors import check
+from hfl.methods.base import Client, Method, MethodConfig, Resources
 from hfl.models.ensemble import BaseEnsemble
 from hfl.registry import METHODS
 from hfl.seeding import BASE_ORDER_STREAM, derive_seed
+from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, RoundContext, StateDict
-
-if TYPE_CHECKING:
-    from hfl.client import ClientModule
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +71,12 @@ class SplitMixConfig(MethodConfig):
             check(0 < r <= 1 and abs(round(1 / r) * r - 1) <= 0.01, "base_width", r, "1/n for an integer n >= 1 (0.5, 0.25, 0.1667, ...)")
 
 
+@dataclass(frozen=True)
+class BasesOptions:
+    bases: tuple[int, ...]
+    """The global bases the client trains."""
+
+
 def base_prefix(index: int) -> str:
     return f"bases.{index}."
 
@@ -89,15 +89,31 @@ def ensemble_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
 @METHODS.register("splitmix")
 class SplitMix(Method):
     Config = SplitMixConfig
-    paper = "Hong, Wang, Wang and Zhou, ICLR 2022 (arXiv:2203.09747)"
     preferred_norm = "bn"  # every base is trained whole by its clients: running statistics are valid
 
-    def __init__(self, config: SplitMixConfig, model: ScalableModel, accountant: Accountant | None = None) -> None:
-        super().__init__(config, model, accountant)
-        self.base_ratio = UNBUDGETED_BASE_WIDTH if config.base_width is None else config.base_width
-        """r, relative to the configured model; fixed by `use_budgets` when `base_width` is null."""
+    def __init__(self, config: SplitMixConfig, resources: Resources) -> None:
+        super().__init__(config, resources)
+        self.base_ratio = config.base_width or self.widest_fitting_base()
+        """r, relative to the configured model."""
         self._pair_costs: dict[int, TrainingCost] = {}
         """Two bases' training cost, by batch size."""
+        # Level k: the mix of k bases (width k*r); the first k for evaluation, others for a client.
+        levels = [Level(f"x{k * self.base_ratio:.3g}", self.spec_for(range(k)), BasesOptions(tuple(range(k))))
+                  for k in range(1, self.num_bases + 1)]
+        self.ladder = self.make_ladder(levels, global_model="largest", place=self.choose_bases)
+
+    def widest_fitting_base(self) -> float:
+        """The widest base width whose one-base training fits the smallest memory budget."""
+        memory = [b.memory_bytes for b in self.resources.budgets if b is not None and b.memory_bytes is not None]
+        if not memory:
+            return UNBUDGETED_BASE_WIDTH
+        accountant, batch = self.resources.accountant, self.resources.batch_size
+        fits = [r for r in BASE_WIDTHS if accountant.plain_cost(self.model.width * r, batch).peak_bytes <= min(memory)]
+        if not fits:
+            log.warning("even a base of width 1/16 exceeds the smallest budget (%d bytes): its clients sit out", min(memory))
+        ratio = fits[0] if fits else BASE_WIDTHS[-1]
+        log.info("SplitMix: %d bases of width %.4g", max(1, round(1 / ratio)), ratio)
+        return ratio
 
     @property
     def num_bases(self) -> int:
@@ -108,83 +124,42 @@ class SplitMix(Method):
         """A base's absolute width ratio (what the model factories take)."""
         return self.model.width * self.base_ratio
 
-    def use_budgets(self, budgets: Sequence[ClientBudget | None], batch_size: int) -> None:
-        """With `base_width: null`: the widest ladder width whose one-base training fits the smallest budget."""
-        memory = [b.memory_bytes for b in budgets if b is not None and b.memory_bytes is not None]
-        if self.config.base_width is not None or not memory or self.accountant is None:
-            return
-        fits = [r for r in BASE_WIDTHS if self.accountant.cost(self.model.width * r, batch_size).peak_bytes <= min(memory)]
-        if not fits:
-            log.warning("even a base of width 1/16 exceeds the smallest budget (%d bytes): its clients sit out", min(memory))
-        self.base_ratio = fits[0] if fits else BASE_WIDTHS[-1]
-        log.info("SplitMix: %d bases of width %.4g", self.num_bases, self.base_ratio)
-
     # -- models ---------------------------------------------------------------------------------
     def spec_for(self, bases: Iterable[int]) -> SubmodelSpec:
         """A model of the given global bases: its i-th base is global base `bases[i]`."""
         places = tuple((base_prefix(i), base_prefix(b)) for i, b in enumerate(bases))
         return SubmodelSpec(width=self.base_width, places=places)
 
-    def model_key(self, spec: SubmodelSpec) -> tuple:
-        return ("ensemble", spec.width, len(spec.places))
+    def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
+        return BaseEnsemble([self.build(spec.width, norm) for _ in spec.places])
 
-    def client_model(self, spec: SubmodelSpec, build: Callable[[float], ScalableModel]) -> nn.Module:
-        return BaseEnsemble([build(spec.width) for _ in spec.places])
+    def initial_global_state(self) -> StateDict:
+        return {base_prefix(i) + k: v for i in range(self.num_bases) for k, v in self.build(self.base_width).state_dict().items()}
 
-    def initial_global_state(self, build: Callable[[float], ScalableModel]) -> StateDict:
-        return {base_prefix(i) + k: v for i in range(self.num_bases) for k, v in build(self.base_width).state_dict().items()}
-
-    def training_cost(self, spec: SubmodelSpec, batch_size: int) -> TrainingCost:
+    def training_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
         """k bases trained in one step: k bases' weights, gradients, optimiser state and activations,
         one input batch. The bases share only that input, so every term is affine in k: measured for
         one base (the plain model, a `width:` budget's own cost) and for two, and extrapolated."""
-        one = super().training_cost(spec, batch_size)
-        k = len(spec.places)
+        one = self.resources.accountant.plain_cost(self.base_width, batch_size)
+        k = len(task.spec.places)
         if k <= 1:
             return one
         if batch_size not in self._pair_costs:
-            acc = self.accountant
-            pair = BaseEnsemble([self.adapt_model(acc.build(self.base_width)) for _ in range(2)])
-            self._pair_costs[batch_size] = acc.measure(pair, batch_size, ensemble_loss)
+            pair = BaseEnsemble([self.build(self.base_width) for _ in range(2)])
+            self._pair_costs[batch_size] = self.resources.accountant.measure(pair, batch_size, ensemble_loss)
         two = self._pair_costs[batch_size]
         return TrainingCost(**{f.name: getattr(one, f.name) + (k - 1) * (getattr(two, f.name) - getattr(one, f.name)) for f in fields(TrainingCost)})
 
-    # -- plan -----------------------------------------------------------------------------------
-    def bases_for(self, ctx: RoundContext) -> int:
-        """The most bases whose joint training fits the client's memory budget (0: not even one)."""
-        budget = ctx.budget.memory_bytes if ctx.budget else None
-        if budget is None or self.accountant is None:
-            return self.num_bases
-        batch = min(ctx.train.batch_size, ctx.num_samples)
-        k = 0
-        while k < self.num_bases and self.training_cost(self.spec_for(range(k + 1)), batch).peak_bytes <= budget:
-            k += 1
-        return k
-
-    def choose_bases(self, ctx: RoundContext, k: int) -> list[int]:
+    # -- plan and objective -----------------------------------------------------------------------
+    def choose_bases(self, level: Level, ctx: RoundContext) -> tuple[SubmodelSpec, BasesOptions]:
         """The round's base order at the client's position, then k-1 others at random (ascending)."""
-        n = self.num_bases
+        n, k = self.num_bases, len(level.options.bases)
         order = np.random.default_rng(derive_seed(ctx.seed, ctx.round, BASE_ORDER_STREAM)).permutation(n)
         first = int(order[ctx.client_id % n])
         others = [b for b in range(n) if b != first]
         rest = ctx.rng(BASES_STREAM).choice(others, size=k - 1, replace=False) if k > 1 else []
-        return sorted([first, *(int(b) for b in rest)])
+        bases = tuple(sorted([first, *(int(b) for b in rest)]))
+        return self.spec_for(bases), BasesOptions(bases)
 
-    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        k = self.bases_for(ctx)
-        if k == 0:
-            log.info("client %d: even one base exceeds its budget of %d bytes", ctx.client_id, ctx.budget.memory_bytes)
-            return None
-        bases = self.choose_bases(ctx, k)
-        return ClientTask(ctx, self.spec_for(bases), {"bases": bases})
-
-    # -- objective and evaluation ---------------------------------------------------------------
-    def objective(self, client: ClientModule, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+    def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         return {"loss": ensemble_loss(client.model, x, y)}
-
-    def global_model_spec(self, state: MethodState) -> SubmodelSpec:
-        return self.spec_for(range(self.num_bases))
-
-    def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        """SplitMix's on-demand widths: the mix of the first k bases, width k*r, for k = 1..n."""
-        return {f"x{k * self.base_ratio:.3g}": self.spec_for(range(k)) for k in range(1, self.num_bases + 1)}

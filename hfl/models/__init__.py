@@ -7,7 +7,6 @@ from hfl.models.base import (
     ExitPoint,
     ResidualBlock,
     ScalableModel,
-    nefl_do_step_sizes,
     scaled_channels,
 )
 from hfl.models.pretrained import PretrainedLoad, load_torchvision_resnet
@@ -34,6 +33,5 @@ __all__ = [
     "ScalableModel",
     "build_model",
     "load_torchvision_resnet",
-    "nefl_do_step_sizes",
     "scaled_channels",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -48,6 +49,13 @@ class SubmodelSpec:
     def __post_init__(self) -> None:
         if self.prefix and self.places:
             raise ValueError("a spec gives either one `prefix` or `places`, not both")
+
+    @cached_property
+    def shape(self) -> tuple:
+        """What the client model's structure follows from: equal shapes, equal models (the key of
+        model building, cost caching and model reuse). Indices, prefixes and masks only say which
+        global entries fill the model; frozen tensors change what it costs, not what it is."""
+        return (self.width, self.dropped_blocks, self.depth, self.absent, tuple(client for client, _ in self.places))
 
     def _places(self) -> tuple[tuple[str, str], ...]:
         return self.places or (("", self.prefix),)

@@ -5,16 +5,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from hfl.accounting.amounts import SCENARIOS, absolute_amount, parse_width
 from hfl.accounting.budgets import (
-    SCENARIOS,
     BudgetResolver,
-    _absolute,
     assign_budgets,
     assign_tiers,
-    parse_width,
     tiers_of,
 )
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.config import load_config
 from hfl.errors import ConfigError
 from hfl.server import run_experiment
@@ -22,10 +20,10 @@ from tests.conftest import QUICKSTART, small_config
 
 
 def test_absolute_amounts():
-    assert _absolute("256MB") == 256 * 10**6
-    assert _absolute("1.5GiB") == int(1.5 * 2**30)
-    assert _absolute("3e9") == 3 * 10**9
-    assert _absolute("1024") == 1024
+    assert absolute_amount("256MB") == 256 * 10**6
+    assert absolute_amount("1.5GiB") == int(1.5 * 2**30)
+    assert absolute_amount("3e9") == 3 * 10**9
+    assert absolute_amount("1024") == 1024
 
 
 @pytest.mark.parametrize("override", ["budgets.scenario=tiers budgets.memory=[12XB]", "budgets.scenario=tiers budgets.memory=[width:0]",
@@ -58,7 +56,7 @@ def test_scenario_budgets_are_the_memory_of_training_at_each_width(scenario):
     env = ClientEnvironment.from_config(config)
     tiers, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
     by_tier = {b.tier: b.memory_bytes for b in budgets}
-    expected = [env.accountant.cost(parse_width(w), config.fl.batch_size).peak_bytes for w in SCENARIOS[scenario]]
+    expected = [env.accountant.plain_cost(parse_width(w), config.fl.batch_size).peak_bytes for w in SCENARIOS[scenario]]
     assert [by_tier[t.name] for t in tiers] == expected
     assert expected == sorted(expected)
     assert Counter(b.tier for b in budgets) == {t.name: 2 for t in tiers}
@@ -68,7 +66,7 @@ def test_relative_flops_and_upload_budgets():
     config = small_config(budgets={"scenario": "tiers", "memory": ["width:1/2"], "flops": ["width:1/2"], "upload": ["width:1/2"]})
     env = ClientEnvironment.from_config(config)
     _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
-    cost = env.accountant.cost(0.5, config.fl.batch_size)
+    cost = env.accountant.plain_cost(0.5, config.fl.batch_size)
     assert budgets[0].upload_bytes == cost.param_bytes
     assert budgets[0].flops == cost.train_flops_per_sample * len(env.partitions[0]) * config.fl.local_epochs
     resolver = BudgetResolver(env.accountant, config.fl.batch_size, 1)

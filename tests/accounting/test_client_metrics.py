@@ -83,8 +83,8 @@ def test_estimate_matches_what_a_cpu_client_round_holds(case, batch):
     settings = train_settings(config.fl, 1)
     tasks = [env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), {}) for c in range(8)]
     if fedepth:
-        task = max((t for t in tasks if t is not None), key=lambda t: len(t.options["groups"]))
-        assert len(task.options["groups"]) >= 2
+        task = max((t for t in tasks if t is not None), key=lambda t: len(t.options.groups))
+        assert len(task.options.groups) >= 2
     else:
         task = tasks[0]
     if case == "frozen prefix":

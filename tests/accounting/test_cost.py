@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from hfl.accounting import measure_training_cost
+from hfl.accounting.cost import measure_training_cost
 
 B = 32
 F32 = 4

@@ -8,7 +8,7 @@ from torch import nn
 
 pytest.importorskip("ray")
 
-from hfl.accounting.budgets import ClientBudget
+from hfl.accounting.amounts import ClientBudget
 from hfl.backends.ray import cap_client_memory
 
 MiB = 2**20

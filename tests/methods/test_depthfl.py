@@ -7,26 +7,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hfl.accounting import Accountant, ClientBudget
-from hfl.backends import ClientEnvironment
+from hfl.accounting.amounts import ClientBudget
+from hfl.backends.base import ClientEnvironment
 from hfl.client import ClientModule
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods import build_method
-from hfl.methods.depthfl import mutual_distillation
+from hfl.losses import mutual_distillation
+from hfl.methods.base import MethodState, record_trained
+from hfl.methods.depthfl import DepthOptions
 from hfl.models import build_model
-from hfl.server import run_experiment, train_settings
+from hfl.server import initial_state, run_experiment, train_settings
 from hfl.types import ClientTask, RoundContext
-from tests.conftest import small_config
+from tests.conftest import level_cost, method_for, small_config
 
 
 def depthfl(model_name, **fields):
     """A DepthFL method over `model_name` for 8x8 one-channel inputs, with its accountant."""
     config = small_config(method={"name": "depthfl", **fields}, model={"name": model_name})
-    accountant = Accountant(build=lambda w: build_model(model_name, 1, 10, w), input_shape=(1, 8, 8), num_classes=10)
-    method = build_method(config.method, build_model(model_name, 1, 10), accountant)
-    accountant.adapt = method.adapt_model
-    return config, method
+    return config, method_for(config.method, model_name)
+
+
+def ladder_depths(method):
+    return tuple(level.options.depth for level in method.ladder.levels)
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +48,18 @@ def context(config, budget_bytes=None, num_samples=100):
 ])
 def test_exits_follow_the_last_block_of_every_stage(model_name, exits, depths):
     _, method = depthfl(model_name)
-    assert method.exit_after == exits and method.depths == depths
+    assert method.exit_after == exits and ladder_depths(method) == depths
     assert method.model.exit_blocks == exits
     outputs = method.model.forward_exits(torch.randn(2, 1, 8, 8))
     assert len(outputs) == len(depths) and all(o.shape == (2, 10) for o in outputs)
     # The submodels are the prefixes, the deepest being the whole model.
-    assert list(method.submodels({})) == [f"depth{d}" for d in depths]
-    assert method.submodels({})[f"depth{depths[-1]}"].depth is None
+    assert list(method.submodels(MethodState())) == [f"depth{d}" for d in depths]
+    assert method.submodels(MethodState())[f"depth{depths[-1]}"].depth is None
 
 
 def test_block_placement_puts_an_exit_after_every_block_but_the_last():
     _, method = depthfl("preresnet20", exits="blocks", exit_kind="linear")
-    assert method.exit_after == tuple(range(8)) and method.depths == tuple(range(1, 10))
+    assert method.exit_after == tuple(range(8)) and ladder_depths(method) == tuple(range(1, 10))
 
 
 @pytest.mark.parametrize("field", [{"exits": "layers"}, {"exit_kind": "attention"}, {"temperature": 0.0}])
@@ -69,23 +71,23 @@ def test_bad_config_names_the_field(field):
 def test_plan_picks_the_deepest_prefix_that_fits(preresnet20):
     config, method = preresnet20
     batch = min(config.fl.batch_size, 100)
-    costs = [method.accountant.cost(1.0, batch, method.spec_for(d)).peak_bytes for d in method.depths]
+    costs = [level_cost(method, f"depth{d}", batch) for d in ladder_depths(method)]
     assert costs == sorted(costs) and len(set(costs)) == 3
     for budget, depth in [((costs[0] + costs[1]) // 2, 3), ((costs[1] + costs[2]) // 2, 6), (costs[2], 9), (None, 9)]:
-        task = method.plan(context(config, budget), {})
-        assert task.options["depth"] == depth
+        task = method.plan(context(config, budget), MethodState())
+        assert task.options.depth == depth and task.level == f"depth{depth}"
         assert task.spec.depth == (None if depth == 9 else depth)
         if depth < 9:
             assert "head.fc.weight" in task.spec.absent and f"body.{depth}.conv1.weight" in task.spec.absent
             assert f"body.{depth - 1}.conv1.weight" not in task.spec.absent
-    assert method.plan(context(config, costs[0] - 1), {}) is None
+    assert method.plan(context(config, costs[0] - 1), MethodState()) is None
 
 
 def test_plan_costs_the_batch_the_client_actually_runs(preresnet20):
     config, method = preresnet20
-    small = method.accountant.cost(1.0, 4, method.spec_for(9)).peak_bytes
-    assert method.plan(context(config, small, num_samples=4), {}).options["depth"] == 9
-    assert method.plan(context(config, small, num_samples=100), {}).options["depth"] < 9
+    small = level_cost(method, "depth9", 4)
+    assert method.plan(context(config, small, num_samples=4), MethodState()).options.depth == 9
+    assert method.plan(context(config, small, num_samples=100), MethodState()).options.depth < 9
 
 
 def test_mutual_distillation_of_a_pair_and_a_triple_matches_a_hand_computation():
@@ -118,7 +120,7 @@ def test_teachers_are_detached():
 def test_objective_sums_cross_entropy_over_exits_plus_distillation(distillation):
     config, method = depthfl("preresnet20", distillation=distillation)
     model = method.adapt_model(build_model("preresnet20", 1, 10))
-    task = method.plan(context(config), {})
+    task = method.plan(context(config), MethodState())
     client = ClientModule(model, method, task)
     x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     terms = method.objective(client, x, y)
@@ -133,13 +135,14 @@ def test_a_client_update_holds_only_its_prefix_and_deeper_weights_keep_their_val
     config = small_config(method={"name": "depthfl"}, model={"name": "preresnet20"}, fl={"clients": 2})
     env = ClientEnvironment.from_config(config)
     method = env.method
-    global_state = method.initial_global_state(env.build_model)
+    global_state = initial_state(config, env).global_state
     ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1))
-    update = env.train(global_state, ClientTask(ctx, method.spec_for(3), {"depth": 3, "distill_weight": 1.0}))
+    update = env.train(global_state, ClientTask(ctx, method.spec_for(3), DepthOptions(3), level="depth3"))
     deeper = [k for k in update.state if k.startswith(("head.", "exits.5.")) or k.split(".")[:2] in [["body", str(i)] for i in range(3, 9)]]
     assert deeper == []
     assert any(k.startswith("exits.2.") for k in update.state) and any(k.startswith("body.2.") for k in update.state)
-    new_state, _ = method.aggregate(global_state, [update], {})
+    new_state, state = method.aggregate(global_state, [update], MethodState())
+    assert record_trained(state, [update]).trained_levels == {"depth3"}
     assert torch.equal(new_state["head.fc.weight"], global_state["head.fc.weight"])
     assert torch.equal(new_state["body.3.conv1.weight"], global_state["body.3.conv1.weight"])
     assert not torch.equal(new_state["body.0.conv1.weight"], global_state["body.0.conv1.weight"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.loggers import read_metrics
 from hfl.server import initial_state, run_experiment, train_settings
 from hfl.types import RoundContext
@@ -41,15 +41,16 @@ def test_fedprox_keeps_clients_closer_to_the_global_model():
 
 def test_fedprox_reports_its_proximal_term():
     from hfl.client import ClientModule
-    from hfl.methods import build_method
     from hfl.models import build_model
     from hfl.submodel import full_spec
     from hfl.types import ClientTask, TrainSettings
+    from tests.conftest import method_for
 
     model = build_model("cnn", 1, 10)
-    method = build_method(small_config(method={"name": "fedprox", "mu": 2.0}).method, model)
+    method = method_for({"name": "fedprox", "mu": 2.0})
     task = ClientTask(RoundContext(1, 0, 0, 4, TrainSettings(0.1, 0, 0, 1, 4)), full_spec())
     module = ClientModule(model, method, task)
+    assert module.initial  # the starting weights, copied before the first step (here: before the move below)
     with torch.no_grad():
         next(model.parameters()).add_(1.0)  # move one tensor by 1 per entry
     terms = method.objective(module, torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))

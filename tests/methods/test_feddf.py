@@ -5,19 +5,19 @@ import numpy as np
 import pytest
 import torch
 
-import hfl.methods.feddf  # noqa: F401  (registers feddf even while the package import list changes)
 from hfl.backends.base import SERVER_SPLIT_STREAM, ClientEnvironment, server_split
 from hfl.cli import main
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods import ServerResources, build_method
-from hfl.methods.feddf import batch_order, distillation_loss
+from hfl.losses import kl_distillation as distillation_loss
+from hfl.methods.base import MethodState
+from hfl.methods.feddf import batch_order
 from hfl.models import build_model
 from hfl.seeding import derive_seed
 from hfl.server import run_experiment
 from hfl.submodel.spec import width_spec
 from hfl.types import ClientUpdate
-from tests.conftest import QUICKSTART, small_config
+from tests.conftest import QUICKSTART, method_for, small_config
 
 WIDTH = 0.5  # of the global model; small, so that distillation takes a fraction of a second
 
@@ -42,9 +42,8 @@ def two_client_round(norm, **method):
     and the updates of a client at rate 1 and one at rate 0.5 (independently initialised models
     standing in for trained ones)."""
     config = small_config(method={"name": "feddf", "widths": [1.0, 0.5], **method}, model={"norm": norm})
-    method = build_method(config.method, build_model("preresnet20", 1, 10, WIDTH, norm))
     x = torch.randn(256, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    method.server = ServerResources(lambda w: build_model("preresnet20", 1, 10, w, norm), torch.device("cpu"), x, seed=0)
+    method = method_for(config.method, "preresnet20", width=WIDTH, norm=norm, unlabelled_x=x)
     global_state = seeded_model(0, WIDTH, norm).state_dict()
     updates = []
     for c, (w, weight) in enumerate([(WIDTH, 30.0), (WIDTH / 2, 10.0)], start=1):
@@ -54,8 +53,8 @@ def two_client_round(norm, **method):
     return method, global_state, updates, x
 
 
-def heterofl_like(method):
-    return build_method(small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}).method, method.model)
+def heterofl_like(norm):
+    return method_for({"name": "heterofl", "widths": [1.0, 0.5]}, "preresnet20", width=WIDTH, norm=norm)
 
 
 @torch.no_grad()
@@ -71,14 +70,14 @@ def test_distillation_moves_the_global_model_towards_the_ensemble(norm):
     method, global_state, updates, x = two_client_round(norm, distill_steps=30, distill_batch_size=64)
     ensemble = torch.stack([logits_on(u.state, u.spec.width, x, norm) for u in updates]).mean(0)
     state = method.init_state()
-    averaged, _ = heterofl_like(method).aggregate(global_state, updates, {})
+    averaged, _ = heterofl_like(norm).aggregate(global_state, updates, MethodState())
     distilled, new_state = method.aggregate(global_state, updates, state)
 
     before = float(distillation_loss(logits_on(averaged, WIDTH, x, norm), ensemble, 1.0))
     after = float(distillation_loss(logits_on(distilled, WIDTH, x, norm), ensemble, 1.0))
     assert after < 0.3 * before
-    assert new_state["aggregations"] == 1 and state["aggregations"] == 0
-    torch.testing.assert_close(method.ensemble_logits(method.server, global_state, updates, x), ensemble, rtol=0.05, atol=0.05)
+    assert new_state.aggregations == 1 and state.aggregations == 0
+    torch.testing.assert_close(method.ensemble_logits(global_state, updates, x), ensemble, rtol=0.05, atol=0.05)
     for key, tensor in averaged.items():
         assert distilled[key].dtype == tensor.dtype and distilled[key].shape == tensor.shape
         if not tensor.is_floating_point():  # BN's batch counters keep the clients' value
@@ -88,7 +87,7 @@ def test_distillation_moves_the_global_model_towards_the_ensemble(norm):
 @pytest.mark.parametrize("norm", ["static_bn", "bn"])
 def test_zero_steps_is_heterofl_exactly(norm):
     method, global_state, updates, _ = two_client_round(norm, distill_steps=0)
-    expected, _ = heterofl_like(method).aggregate(global_state, updates, {})
+    expected, _ = heterofl_like(norm).aggregate(global_state, updates, MethodState())
     distilled, _ = method.aggregate(global_state, updates, method.init_state())
     assert distilled.keys() == expected.keys()
     for key in expected:
@@ -108,13 +107,13 @@ def test_server_split_is_disjoint_from_every_client_and_sized():
     n = len(env.data.train_y)
     server, rest = server_split(n, 0.1, derive_seed(config.seed, SERVER_SPLIT_STREAM))
     clients = torch.cat(env.partitions).numpy()
-    assert len(server) == round(0.1 * n) == len(env.method.server.unlabelled_x)
+    assert len(server) == round(0.1 * n) == len(env.method.resources.unlabelled_x)
     assert not np.intersect1d(server, clients).size
     assert set(clients.tolist()) <= set(rest.tolist())
     expected = env.train_x[torch.as_tensor(server)]
     if env.transform is not None:
         expected = env.transform(expected, train=False)
-    assert torch.equal(env.method.server.unlabelled_x, expected)
+    assert torch.equal(env.method.resources.unlabelled_x, expected)
 
 
 def test_two_rounds_with_budgets_distil_after_heterofl_clients(tmp_path):
@@ -147,10 +146,8 @@ def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
 
 
 def test_missing_server_split_is_a_config_error(tmp_path, capsys):
-    method = build_method(small_config(method={"name": "feddf"}).method, build_model("cnn", 1, 10))
-    method.server = ServerResources(lambda w: build_model("cnn", 1, 10, w), torch.device("cpu"), None, seed=0)
     with pytest.raises(ConfigError, match="data.server_fraction"):
-        method.init_state()
+        method_for({"name": "feddf"})
     assert main(["run", str(QUICKSTART), "method.name=feddf", "--out", str(tmp_path / "out")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hfl: error:")]
     assert len(errors) == 1 and "data.server_fraction" in errors[0] and "feddf" in errors[0]
@@ -161,7 +158,7 @@ def test_distill_samples_bounds_what_the_teachers_run_on(monkeypatch):
     method, global_state, updates, x = two_client_round("bn", distill_steps=2, distill_samples=5)
     seen = []
     original = method.ensemble_logits
-    monkeypatch.setattr(method, "ensemble_logits", lambda server, g, u, inputs: seen.append(inputs) or original(server, g, u, inputs))
+    monkeypatch.setattr(method, "ensemble_logits", lambda g, u, inputs: seen.append(inputs) or original(g, u, inputs))
     method.aggregate(global_state, updates, method.init_state())
     assert len(seen) == 1 and len(seen[0]) == 5 < len(x)
     rows = {tuple(r.flatten().tolist()) for r in x}

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from hfl.backends.base import ClientEnvironment
-from hfl.methods.fedepth import decompose, mutual_learning_loss, skip_to_head
+from hfl.losses import mutual_learning_loss
+from hfl.methods.fedepth import skip_to_head
 from hfl.server import initial_state, run_experiment, train_settings
+from hfl.submodel.scaling import decompose
 from hfl.types import RoundContext
 from tests.conftest import small_config
 
@@ -38,7 +40,7 @@ def test_groups_are_costed_whole_not_as_sums_of_blocks():
     config, env, tasks = env_and_tasks("fedepth", "fair")
     ctx, task = tasks["w1_2"]
     cost = lambda group: env.method.stage_cost(group, 1, config.fl.batch_size).peak_bytes
-    groups = task.options["groups"]
+    groups = task.options.groups
     assert all(cost(g) <= ctx.budget.memory_bytes for g in groups)
     first, last = next(g for g in groups if g[1] > g[0])
     single = env.method.stage_cost((first, first), 1, config.fl.batch_size)
@@ -97,15 +99,15 @@ def test_estimated_peak_fits_every_budget_where_the_full_model_does_not(method, 
             assert all(env.method.stage_cost((b, b), 1, batch).peak_bytes > ctx.budget.memory_bytes for b in range(9))
             sitting_out += 1
             continue
-        assert env.method.task_cost(task, batch).peak_bytes <= ctx.budget.memory_bytes
-        full_model_too_big += env.accountant.cost(1.0, batch).peak_bytes > ctx.budget.memory_bytes
+        assert env.method.training_cost(task, batch).peak_bytes <= ctx.budget.memory_bytes
+        full_model_too_big += env.accountant.plain_cost(1.0, batch).peak_bytes > ctx.budget.memory_bytes
     assert full_model_too_big >= 2 - sitting_out and sitting_out <= 1  # the narrow tiers could not train the whole model at once
 
 
 def test_lack_tier_skips_the_input_blocks_and_leaves_them_untouched():
     config, env, tasks = env_and_tasks("fedepth", "lack")
     _ctx, task = tasks["w1_6"]
-    skipped = task.options["skipped"]
+    skipped = task.options.skipped
     assert skipped and skipped[0] == 0 and list(skipped) == list(range(len(skipped)))  # the input side
     start = initial_state(config, env).global_state
     update = env.train(start, task)
@@ -114,14 +116,14 @@ def test_lack_tier_skips_the_input_blocks_and_leaves_them_untouched():
     new, _ = env.method.aggregate(start, [update], env.method.init_state())
     for key in skipped_keys:
         assert torch.equal(new[key], start[key]), key
-    trained = f"body.{task.options['groups'][0][0]}.conv1.weight"
+    trained = f"body.{task.options.groups[0][0]}.conv1.weight"
     assert not torch.equal(new[trained], start[trained])
 
 
 def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch):
     config, env, tasks = env_and_tasks("fedepth", "fair")
     _ctx, task = tasks["w1_3"]
-    assert len(task.options["groups"]) >= 2
+    assert len(task.options.groups) >= 2
     method = env.method
     seen: list[tuple[int, torch.Tensor]] = []
     original = method.objective
@@ -129,14 +131,14 @@ def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch)
     def spy(client, x, y):
         seen.append((client.stage, client.model.head.fc.weight.detach().clone()))
         trainable = {n for n, p in client.model.named_parameters() if p.requires_grad}
-        assert trainable == method.stage_parameters(client.model, task.options["groups"][client.stage])
+        assert trainable == method.stage_parameters(client.model, task.options.groups[client.stage])
         return original(client, x, y)
 
     monkeypatch.setattr(method, "objective", spy)
     start = initial_state(config, env).global_state
     env.train(start, task)
     stages = [s for s, _ in seen]
-    assert stages == sorted(stages) and set(stages) == set(range(len(task.options["groups"])))
+    assert stages == sorted(stages) and set(stages) == set(range(len(task.options.groups)))
     first_of_stage_1 = next(i for i, (s, _) in enumerate(seen) if s == 1)
     assert torch.equal(seen[0][1], start["head.fc.weight"])
     assert not torch.equal(seen[first_of_stage_1][1], start["head.fc.weight"])  # carried over, not reset
@@ -145,7 +147,7 @@ def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch)
 def test_surplus_clients_train_peers_and_upload_one_model():
     config, env, tasks = env_and_tasks("mfedepth", "surplus")
     _ctx, task = tasks["w2"]
-    assert task.options["models"] >= 2
+    assert task.options.models >= 2
     start = initial_state(config, env).global_state
     update = env.train(start, task)
     assert set(update.state) == set(start)  # one model's worth, the whole model
@@ -159,7 +161,7 @@ def test_auxiliary_classifiers_variant_trains_the_exit_after_each_group(tmp_path
     budget = next(b for b in env.budgets if b.tier == "w1_3")
     ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1), budget)
     task = env.method.plan(ctx, {})
-    ends = {last for _, last in task.options["groups"]}
+    ends = {last for _, last in task.options.groups}
     exits = {int(k.split(".")[1]) for k in env.method.model.state_dict() if k.startswith("exits.")}
     held = {int(k.split(".")[1]) for k in env.method.model.state_dict() if k.startswith("exits.") and k not in task.spec.frozen}
     assert held == ends - {max(exits) + 1} and held < exits

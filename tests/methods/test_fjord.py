@@ -6,19 +6,20 @@ import math
 import pytest
 import torch
 
-from hfl.accounting.budgets import ClientBudget
+from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import cross_entropy_step, measure_training_cost
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.client import ClientModule
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods import build_method
-from hfl.methods.fjord import UNIFORM_6, SwitchableNorm
+from hfl.methods.base import MethodState
+from hfl.methods.fjord import UNIFORM_6, FjORDOptions
 from hfl.models import build_model
 from hfl.server import initial_state, run_experiment, train_settings
+from hfl.submodel.copies import NormCopies
 from hfl.submodel.spec import extract
 from hfl.types import ClientTask, RoundContext, TrainSettings
-from tests.conftest import small_config
+from tests.conftest import method_for, small_config
 
 SIXTH = UNIFORM_6[0]
 
@@ -26,7 +27,7 @@ SIXTH = UNIFORM_6[0]
 def fjord(model="cnn", **method):
     """The FjORD method over a width-1 global model, and that model's state with every batch-norm
     copy given its own random affine weights and running statistics (so the copy in use matters)."""
-    method = build_method(small_config(method={"name": "fjord", **method}, model={"name": model}).method, build_model(model, 1, 10))
+    method = method_for({"name": "fjord", **method}, model)
     gen = torch.Generator().manual_seed(0)
     state = {}
     for key, value in method.model.state_dict().items():
@@ -63,13 +64,13 @@ def test_masked_forward_is_the_narrow_network(name, p_max, p):
 def test_each_width_uses_its_own_batch_norm():
     method, state = fjord("preresnet20")
     narrow = client_model(method, state, 0.5).eval()
-    norms = [m for m in narrow.modules() if isinstance(m, SwitchableNorm)]
-    assert norms and all(n.widths == UNIFORM_6[:3] and n.active == 2 for n in norms)
+    norms = [m for m in narrow.modules() if isinstance(m, NormCopies)]
+    assert norms and all(n.names() == ["w0", "w1", "w2"] and n.active == "w2" for n in norms)
     x = torch.randn(4, 1, 8, 8)
     with torch.no_grad():
         own = narrow(x)
         for n in norms:  # the narrow model's own width, but the batch norms of width 1/6
-            n.active = 0
+            n.active = "w0"
         assert not torch.allclose(own, narrow(x))
 
 
@@ -85,11 +86,16 @@ def test_masked_forward_saves_what_the_accountant_counts():
     assert measure_training_cost(model, (1, 8, 8), 10, 16, step=narrow_step).activation_bytes == plain.activation_bytes
 
 
+def cost(method, p, batch):
+    """What training with p_max = p costs at `batch`."""
+    ctx = RoundContext(1, 0, 0, batch, TrainSettings(0.05, 0.9, 0.0, 1, batch))
+    return method.training_cost(ClientTask(ctx, method.spec_for(p), FjORDOptions(p)), batch)
+
+
 def context(method, p_max, seed=0, num_samples=200):
     """A client-round whose budget is exactly the training memory of p_max."""
     settings = TrainSettings(0.05, 0.9, 0.0, 1, 16)
-    budget = ClientBudget("t", method.training_cost(method.spec_for(p_max), 16).peak_bytes, None, None) if method.accountant else None
-    return RoundContext(1, 0, seed, num_samples, settings, budget)
+    return RoundContext(1, 0, seed, num_samples, settings, ClientBudget("t", cost(method, p_max, 16).peak_bytes, None, None))
 
 
 def test_widths_drawn_per_batch_are_allowed_and_seeded():
@@ -103,8 +109,8 @@ def test_widths_drawn_per_batch_are_allowed_and_seeded():
     def one_round(seed):
         drawn.clear()
         ctx = context(method, 0.5, seed, len(env.partitions[0]))
-        task = method.plan(ctx, {})
-        assert task.options["p_max"] == 0.5 and task.spec.width == 0.5
+        task = method.plan(ctx, MethodState())
+        assert task.options.p_max == 0.5 and task.spec.width == 0.5
         update = env.train(start, task)
         return list(drawn), update
 
@@ -122,9 +128,9 @@ def test_widths_drawn_per_batch_are_allowed_and_seeded():
 def test_client_spec_marks_wider_batch_norms_absent():
     method, state = fjord("preresnet20")
     spec = method.spec_for(0.5)
-    norms = [name for name, m in method.model.named_modules() if isinstance(m, SwitchableNorm)]
+    norms = [name for name, m in method.model.named_modules() if isinstance(m, NormCopies)]
     suffixes = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
-    assert spec.absent == {f"{n}.norms.{i}.{s}" for n in norms for i in (3, 4, 5) for s in suffixes}
+    assert spec.absent == {f"{n}.w{i}.{s}" for n in norms for i in (3, 4, 5) for s in suffixes}
     assert method.spec_for(1.0).absent == frozenset()
     client_model(method, state, 0.5)  # loads strictly: the client holds exactly the copies 1/6..1/2
 
@@ -153,19 +159,19 @@ def test_static_bn_fits_the_fair_tiers_exactly():
     tier_width = {"w1_6": SIXTH, "w1_3": UNIFORM_6[1], "w1_2": 0.5, "w1": 1.0}
     for c, budget in enumerate(budgets):
         ctx = RoundContext(1, c, 0, len(env.partitions[c]), train_settings(config.fl, 1), budget)
-        assert env.method.p_max_for(ctx) == tier_width[budget.tier]
-    assert not any(isinstance(m, SwitchableNorm) for m in env.method.model.modules())
+        assert env.method.plan(ctx, MethodState()).options.p_max == tier_width[budget.tier]
+    assert not any(isinstance(m, NormCopies) for m in env.method.model.modules())
 
 
 def test_widths_no_client_trained_stay_unchanged_after_aggregation():
     config = small_config(method={"name": "fjord"}, model={"name": "preresnet20"}, fl={"local_epochs": 2})
     env = ClientEnvironment.from_config(config)
     method, start = env.method, initial_state(config, env).global_state
-    update = env.train(start, method.plan(context(method, 0.5, num_samples=len(env.partitions[0])), {}))
-    new, _ = method.aggregate(start, [update], {})
+    update = env.train(start, method.plan(context(method, 0.5, num_samples=len(env.partitions[0])), MethodState()))
+    new, _ = method.aggregate(start, [update], MethodState())
     wider = method.spec_for(0.5).absent
     assert wider and all(torch.equal(new[k], start[k]) for k in wider)
-    trained = [k for k in start if k.endswith(("norms.0.running_mean", "norms.2.weight"))]
+    trained = [k for k in start if k.endswith(("w0.running_mean", "w2.weight"))]
     assert any(not torch.equal(new[k], start[k]) for k in trained)
     conv = "body.0.conv1.weight"  # 16 -> 16 channels at width 1, 8 -> 8 held at width 1/2
     assert torch.equal(new[conv][8:], start[conv][8:]) and torch.equal(new[conv][:, 8:], start[conv][:, 8:])
@@ -176,25 +182,25 @@ def test_self_distillation_loss_is_finite_and_trains_both_widths():
     method, state = fjord("preresnet20", self_distillation=True, kd_alpha=0.5, kd_temperature=2.0)
     model = client_model(method, state, 0.5).train()
     ctx = context(method, 0.5)
-    client = ClientModule(model, method, ClientTask(ctx, method.spec_for(0.5), {"p_max": 0.5}))
+    client = ClientModule(model, method, ClientTask(ctx, method.spec_for(0.5), FjORDOptions(0.5)))
     client.steps = next(s for s in range(100) if method.draw_width(ctx, 0.5, s) < 0.5)
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
     terms = method.objective(client, x, y)
     assert all(torch.isfinite(t) for t in terms.values()) and terms["kd"] > 0
     terms["loss"].backward()
-    norm = next(m for m in model.modules() if isinstance(m, SwitchableNorm))
+    norm = next(m for m in model.modules() if isinstance(m, NormCopies))
     p = method.draw_width(ctx, 0.5, client.steps)
-    assert norm.norms[2].weight.grad is not None and norm.norms[UNIFORM_6.index(p)].weight.grad is not None
+    assert norm.w2.weight.grad is not None and getattr(norm, f"w{UNIFORM_6.index(p)}").weight.grad is not None
 
 
 def test_self_distillation_run_fits_teacher_and_student_in_the_budget(tmp_path):
     config = small_config(method={"name": "fjord", "self_distillation": True},
                           budgets={"scenario": "fair"}, fl={"rounds": 1, "clients": 4, "fraction": 1.0})
     env = ClientEnvironment.from_config(config)
-    single = env.accountant.cost(0.5, 32).peak_bytes
+    single = env.accountant.plain_cost(0.5, 32).peak_bytes
     # Both graphs are alive at the backward pass: nearly twice the activations of one forward.
-    assert single < env.method.training_cost(env.method.spec_for(0.5), 32).peak_bytes < single + env.accountant.cost(0.5, 32).activation_bytes * 1.01
-    assert env.method.training_cost(env.method.spec_for(SIXTH), 32).peak_bytes == env.accountant.cost(SIXTH, 32).peak_bytes  # no narrower student
+    assert single < cost(env.method, 0.5, 32).peak_bytes < single + env.accountant.plain_cost(0.5, 32).activation_bytes * 1.01
+    assert cost(env.method, SIXTH, 32).peak_bytes == env.accountant.plain_cost(SIXTH, 32).peak_bytes  # no narrower student
     summary = run_experiment(config, tmp_path)
     assert summary["client_rounds"] + summary["skipped_client_rounds"] == 4 and 0 <= summary["final_accuracy"] <= 1
     assert summary["budget_violations"] == 0
@@ -202,9 +208,7 @@ def test_self_distillation_run_fits_teacher_and_student_in_the_budget(tmp_path):
     assert all(math.isfinite(c["train_loss"]) for c in clients)
     # What each client-round reports (and budgets are checked against) is the two-graph step's memory.
     for c in clients:
-        spec = env.method.spec_for(c["submodel"]["width"])
-        batch = min(32, c["num_samples"])
-        assert c["estimated_peak_bytes"] == env.method.training_cost(spec, batch).peak_bytes
+        assert c["estimated_peak_bytes"] == cost(env.method, c["submodel"]["width"], min(32, c["num_samples"])).peak_bytes
 
 
 def test_the_ladder_must_hold_the_global_width():

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from hfl.loggers import read_metrics
-from hfl.methods import build_method
-from hfl.methods.heterofl import scaled_conv_outputs
+from hfl.methods.base import MethodState
+from hfl.methods.heterofl import WidthOptions, scaled_conv_outputs
 from hfl.models import build_model
 from hfl.server import run_experiment, train_settings
 from hfl.types import RoundContext
-from tests.conftest import small_config
+from tests.conftest import method_for, small_config
 
 
 def numbers(out):
@@ -37,14 +37,13 @@ def test_budgets_are_respected_and_submodels_evaluated(tmp_path, method):
 
 def test_fedrolex_window_follows_eq_8_and_9():
     config = small_config(method={"name": "fedrolex", "widths": [0.25]})
-    model = build_model("cnn", 1, 10)
-    method = build_method(config.method, model)
-    group = next(g for g in model.channel_groups() if g.name == "block0")  # Q = 32 channels, keeps 8
+    method = method_for(config.method)
+    group = next(g for g in method.model.channel_groups() if g.name == "block0")  # Q = 32 channels, keeps 8
     key, dim = group.members[0]
     covered = set()
     for r in (1, 2, 30, 31, 33):
         ctx = RoundContext(r, 0, 0, 10, train_settings(config.fl, r))
-        held = method.plan(ctx, {}).spec.indices[key][dim].tolist()
+        held = method.plan(ctx, MethodState()).spec.indices[key][dim].tolist()
         start = (r - 1) % 32
         assert held == [(start + k) % 32 for k in range(8)]  # Eq. 8, wrapping per Eq. 9
         covered.update(held)
@@ -68,9 +67,9 @@ def test_masked_cross_entropy_zeroes_absent_classes():
 
     config = small_config(method={"name": "heterofl", "masked_ce": True})
     model = build_model("cnn", 1, 10)
-    method = build_method(config.method, model)
+    method = method_for(config.method)
     ctx = RoundContext(1, 0, 0, 4, train_settings(config.fl, 1))
-    client = ClientModule(model, method, ClientTask(ctx, full_spec(), {"rate": 1.0}), classes=torch.tensor([2, 5]))
+    client = ClientModule(model, method, ClientTask(ctx, full_spec(), WidthOptions(1.0)), classes=torch.tensor([2, 5]))
     x, y = torch.randn(4, 1, 8, 8), torch.tensor([2, 5, 5, 2])
     logits = model(x)
     keep = torch.zeros(10, dtype=torch.bool)

@@ -10,43 +10,48 @@ from torch import nn
 
 from hfl.cli import main
 from hfl.errors import ConfigError
-from hfl.methods import build_method
-from hfl.methods.nefl import NormCopies, StepCopies, omission_order
-from hfl.models import build_model, nefl_do_step_sizes
+from hfl.methods.base import MethodState, record_trained
+from hfl.methods.nefl import nefl_do_step_sizes
+from hfl.models import build_model
 from hfl.server import run_experiment
+from hfl.submodel.copies import NormCopies, StepCopies
+from hfl.submodel.scaling import omission_order
 from hfl.submodel.spec import SubmodelSpec, extract
 from hfl.types import ClientUpdate, RoundContext, TrainSettings
-from tests.conftest import QUICKSTART, small_config
+from tests.conftest import QUICKSTART, method_for, small_config
 
 SETTINGS = TrainSettings(0.1, 0.0, 0.0, 1, 32)
 
 
-def nefl(model="preresnet20", **method):
+def nefl(model="preresnet20", budgets=None, **method):
     """NeFL over a width-1 global model for 3-channel 16x16 inputs, with its initial global state
     given random batch-norm statistics and affine weights (so the copy in use matters)."""
-    config = small_config(method={"name": "nefl", **method}, model={"name": model})
-    method = build_method(config.method, build_model(model, 3, 10))
-    build = lambda width: method.adapt_model(build_model(model, 3, 10, width=width))
+    method = method_for({"name": "nefl", **method}, model, in_channels=3, input_size=16, budgets=budgets or ())
     torch.manual_seed(0)
-    state = method.initial_global_state(build)
+    state = method.initial_global_state()
     gen = torch.Generator().manual_seed(1)
     for key, value in state.items():
         if value.is_floating_point() and ("bn" in key or "norm" in key or "shortcut.1" in key):
             state[key] = (torch.rand(value.shape, generator=gen) + 0.5) if key.endswith(("running_var", "weight")) else torch.randn(value.shape, generator=gen)
-    return method, state, build
+    return method, state
 
 
-def client(method, state, build, index):
-    spec = method.spec_for(index)
-    model = method.client_model(spec, build)
+def spec_of(method, index):
+    """The spec of sub-model `index` (1-based)."""
+    return method.spec_for(method.submodels_[index - 1])
+
+
+def client(method, state, index):
+    spec = spec_of(method, index)
+    model = method.client_model(spec)
     model.load_state_dict(extract(state, spec), strict=True)
     return model.eval(), spec
 
 
 @pytest.mark.parametrize("model", ["preresnet20", "resnet18"])
 def test_whole_submodel_with_unit_steps_is_the_plain_resnet(model):
-    method, state, build = nefl(model)
-    whole, _ = client(method, state, build, 5)
+    method, state = nefl(model)
+    whole, _ = client(method, state, 5)
     plain = build_model(model, 3, 10).eval()
     # The plain model's weights: sub-model 5's batch-norm copies, no step sizes.
     plain.load_state_dict({k.replace(".m5.", "."): v for k, v in whole.state_dict().items() if ".step" not in k})
@@ -61,12 +66,12 @@ def test_omission_order_takes_each_stages_last_block_deepest_stage_first():
 
 
 def test_depth_submodels_skip_exactly_the_planned_blocks():
-    method, state, build = nefl(scaling="d")
+    method, state = nefl(scaling="d")
     expected = {1: {5, 6, 7, 8}, 2: {5, 7, 8}, 3: {4, 5, 8}, 4: {6}, 5: set()}
     assert {s.index: set(s.omitted) for s in method.submodels_} == expected
     for sub in method.submodels_:
         assert sub.params <= sub.gamma * method.total_params and sub.width == 1.0
-        model, spec = client(method, state, build, sub.index)
+        model, spec = client(method, state, sub.index)
         ran = []
         for i, block in enumerate(model.body):
             if hasattr(block, "conv1"):
@@ -83,16 +88,16 @@ def test_depth_submodels_skip_exactly_the_planned_blocks():
 
 def test_width_and_width_depth_submodels_hold_their_share_of_the_parameters():
     for scaling in ("w", "wd"):
-        method, _, _ = nefl(scaling=scaling)
+        method, _ = nefl(scaling=scaling)
         for sub in method.submodels_:
             assert sub.gamma - 0.02 <= sub.params / method.total_params <= sub.gamma + 1e-9, (scaling, sub)
-    wd, _, _ = nefl(scaling="wd")
+    wd, _ = nefl(scaling="wd")
     assert wd.submodels_[0].omitted and wd.submodels_[0].width < 1  # both scalings at gamma 0.2
 
 
 def test_each_submodel_holds_only_its_own_norms_and_step_sizes():
-    method, state, build = nefl()
-    model, spec = client(method, state, build, 2)
+    method, state = nefl()
+    model, spec = client(method, state, 2)
     copies = [m for m in model.modules() if isinstance(m, (NormCopies, StepCopies))]
     assert copies and all(m.active == "m2" for m in copies)
     assert not [k for k in model.state_dict() if any(f".m{j}." in k + "." for j in (1, 3, 4, 5))]
@@ -100,17 +105,17 @@ def test_each_submodel_holds_only_its_own_norms_and_step_sizes():
 
 
 def update(method, state, index, shift, weight=1.0, client_id=0):
-    spec = method.spec_for(index)
+    spec = spec_of(method, index)
     sent = {k: v + shift if v.is_floating_point() else v for k, v in extract(state, spec).items()}
-    return ClientUpdate(client_id, sent, weight, spec, {})
+    return ClientUpdate(client_id, sent, weight, spec, {}, method.submodels_[index - 1].name)
 
 
 def test_inconsistent_parameters_of_a_submodel_move_only_with_its_clients():
-    method, state, _ = nefl()
+    method, state = nefl()
     updates = [update(method, state, 1, 1.0), update(method, state, 1, 3.0, weight=50.0), update(method, state, 3, 10.0)]
     new, method_state = method.aggregate(state, updates, method.init_state())
 
-    assert method_state["trained_submodels"] == [1, 3]
+    assert record_trained(method_state, updates).trained_levels == {"x0.2", "x0.6"}
     for key in state:
         if not state[key].is_floating_point():
             continue
@@ -119,7 +124,7 @@ def test_inconsistent_parameters_of_a_submodel_move_only_with_its_clients():
             assert torch.equal(delta, torch.zeros_like(delta)), key  # nobody trained sub-models 2, 4, 5
         for index, mean_shift in ((1, 2.0), (3, 10.0)):  # sub-model 1: (1 + 3) / 2, each client once (Algorithm 2, line 13)
             if f".m{index}." in key + ".":
-                spec = method.spec_for(index)
+                spec = spec_of(method, index)
                 if key in spec.absent:  # the copy of a block this sub-model omits
                     assert torch.equal(delta, torch.zeros_like(delta)), key
                 else:
@@ -130,7 +135,7 @@ def test_inconsistent_parameters_of_a_submodel_move_only_with_its_clients():
 def test_nefedavg_is_the_masked_mean_of_appendix_b3():
     """A layer in sub-models 1, 3 and 5 (not 2 and 4), trained by 2, 3 and 2 clients: the slice
     sub-model 1 holds is averaged over 7 updates, the part 3 adds over 5, the part only 5 holds over 2."""
-    method, _, _ = nefl()
+    method, _ = nefl()
     state = {"layer": torch.zeros(10)}
     width = {1: 2, 3: 5}
     spec = {k: SubmodelSpec(indices={"layer": {0: torch.arange(n)}}) for k, n in width.items()}
@@ -149,7 +154,7 @@ def test_nefedavg_is_the_masked_mean_of_appendix_b3():
 
 
 def test_do_initial_steps_compensate_the_omitted_blocks_per_submodel():
-    method, state, _ = nefl(scaling="d", initial_steps="do")
+    method, state = nefl(scaling="d", initial_steps="do")
     for sub in method.submodels_:
         steps = nefl_do_step_sizes(9, sub.omitted)
         for i in range(9):
@@ -161,33 +166,31 @@ def test_do_initial_steps_compensate_the_omitted_blocks_per_submodel():
 
 
 def test_fixed_step_sizes_are_held_but_never_trained_or_sent():
-    method, state, _ = nefl(learnable_steps=False)
-    spec = method.spec_for(3)
+    method, state = nefl(learnable_steps=False)
+    spec = spec_of(method, 3)
     steps = {k for k in state if ".step." in k and k.endswith(".m3")} - spec.absent  # its kept blocks' step sizes
     assert len(steps) == 9 - len(method.submodels_[2].omitted) and steps <= spec.frozen
 
 
 def test_dynamic_tiers_draw_within_each_tiers_window():
-    method, _, _ = nefl()
-    method.use_budgets([None] * 100, 32)
+    method, _ = nefl(budgets=[None] * 100)
     windows = {0: {1, 2, 3}, 1: {1, 2, 3, 4}, 2: {1, 2, 3, 4, 5}, 3: {2, 3, 4, 5}, 4: {3, 4, 5}}
     for tier, window in windows.items():
-        drawn = {method.plan(RoundContext(r, 20 * tier, 0, 50, SETTINGS), {}).options["submodel"] for r in range(60)}
+        drawn = {method.plan(RoundContext(r, 20 * tier, 0, 50, SETTINGS), MethodState()).options.submodel for r in range(60)}
         assert drawn == window
 
 
 def test_a_cnn_scales_width_only_and_refuses_depth_scaling():
-    method, state, build = nefl("cnn")
+    method, state = nefl("cnn")
     assert all(not s.omitted for s in method.submodels_) and method.submodels_[0].width < 1
-    model, _ = client(method, state, build, 1)
+    model, _ = client(method, state, 1)
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
     with pytest.raises(ConfigError, match="method.scaling"):
         nefl("cnn", scaling="d")
 
 
 def test_vit_submodels_take_attention_and_mlp_step_copies():
-    config = small_config(method={"name": "nefl", "scaling": "d"}, model={"name": "vit"})
-    method = build_method(config.method, build_model("vit", 3, 10))
+    method = method_for({"name": "nefl", "scaling": "d"}, "vit", in_channels=3, input_size=32)
     keys = method.model.state_dict()
     assert "body.0.attn_step.m1" in keys and "body.0.mlp_step.m5" in keys
     assert method.submodels_[0].omitted  # encoder blocks omitted at gamma 0.2

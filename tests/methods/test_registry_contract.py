@@ -24,3 +24,69 @@ def test_every_method_runs_two_rounds(tmp_path, method, model):
     assert summary["client_rounds"] > 0
     if method not in TRAINS_THE_FULL_MODEL_REGARDLESS:
         assert summary["budget_violations"] == 0
+
+
+def fair_config(method, rounds=2, model="preresnet20"):
+    data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
+    return small_config(method={"name": method, **SHORTER.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"},
+                        data=data, fl={"rounds": rounds, "clients": 4, "fraction": 1.0})
+
+
+RESUME = """
+import sys
+from pathlib import Path
+from hfl.config import load_config
+from hfl.server import run_experiment
+for run in sys.argv[1:]:
+    run_experiment(load_config(Path(run) / "config.yaml", ["fl.rounds=2"]), run, resume=True)
+"""
+
+
+@pytest.mark.slow
+def test_every_method_resumes_exactly_in_a_fresh_process(tmp_path):
+    """2 rounds straight = 1 round, checkpoint, a fresh process, 1 more round: every metric equal."""
+    import subprocess
+    import sys
+
+    from hfl.loggers import read_metrics
+    from tests.conftest import ROOT, cli_env
+    from tests.golden.runs import without_timings
+
+    shipped = [name for name in METHODS.names() if METHODS.info(name)]  # not the README's example, when registered
+    for method in shipped:
+        run_experiment(fair_config(method, rounds=2, model="cnn"), tmp_path / "straight" / method)
+        run_experiment(fair_config(method, rounds=1, model="cnn"), tmp_path / "resumed" / method)
+    resumed = [str(tmp_path / "resumed" / m) for m in shipped]
+    subprocess.run([sys.executable, "-c", RESUME, *resumed], env=cli_env(), cwd=ROOT, check=True)
+    for method in shipped:
+        straight = without_timings(read_metrics(tmp_path / "straight" / method))
+        assert without_timings(read_metrics(tmp_path / "resumed" / method)) == straight, method
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(method):
+    """Every spec a method evaluates or hands a client loads strictly into the model built for it, and
+    specs of one shape (rolled windows, other bases, other rounds) hold exactly the same keys."""
+    from dataclasses import replace
+
+    from hfl.backends.base import ClientEnvironment
+    from hfl.server import initial_state, train_settings
+    from hfl.submodel.spec import extract
+    from hfl.types import RoundContext
+
+    config = fair_config(method)
+    env = ClientEnvironment.from_config(config)
+    global_state = initial_state(config, env).global_state
+    m = env.method
+    everything = replace(m.init_state(), trained_levels=frozenset(lv.name for lv in m.ladder.levels) if m.ladder else frozenset())
+    specs = [m.global_model_spec(m.init_state()), m.global_model_spec(everything), *m.submodels(everything).values()]
+    for r in (1, 2, 3):
+        for c in range(4):
+            task = m.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), train_settings(config.fl, r), env.budgets[c]), m.init_state())
+            if task is not None:
+                specs.append(task.spec)
+    keys_by_shape: dict[tuple, set[str]] = {}
+    for spec in specs:
+        held = extract(global_state, spec)
+        m.client_model(spec).load_state_dict(held, strict=True)
+        assert keys_by_shape.setdefault(spec.shape, set(held)) == set(held), spec.shape

@@ -8,28 +8,29 @@ import numpy as np
 import pytest
 import torch
 
+from hfl.accounting.analytic import AnalyticCosts
 from hfl.accounting.budgets import assign_budgets
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.cli import main
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods import build_method
-from hfl.methods.scalefl import (
-    AnalyticCosts,
-    held_exits,
-    kmeans_1d,
-    most_uniform_split,
-    self_distillation_loss,
-)
+from hfl.methods.base import MethodState
+from hfl.methods.scalefl import held_exits, self_distillation_loss
 from hfl.models import build_model
 from hfl.server import run_experiment, train_settings
-from hfl.submodel.spec import SubmodelSpec, extract, shape_model
+from hfl.submodel.ladder import kmeans_1d
+from hfl.submodel.scaling import most_uniform_split
+from hfl.submodel.spec import SubmodelSpec, extract
 from hfl.types import ClientUpdate, RoundContext
-from tests.conftest import QUICKSTART, small_config
+from tests.conftest import QUICKSTART, method_for, small_config
 
 
 def scalefl(model_name="preresnet20", **fields):
-    return build_method(small_config(method={"name": "scalefl", **fields}).method, build_model(model_name, 1, 10, norm="static_bn"))
+    return method_for({"name": "scalefl", **fields}, model_name, norm="static_bn")
+
+
+def table(method):
+    return method.level_table(None)
 
 
 def upper_left(rows, cols=None):
@@ -53,7 +54,7 @@ def test_aggregation_divides_each_entry_by_its_client_count():
                          "exit": torch.tensor([1.0, 2.0])}, 100.0, SubmodelSpec(indices={"w": upper_left(3, 2)}), {}),
     ]
     # Execute
-    new, _ = scalefl("cnn").aggregate(old, updates, {})
+    new, _ = scalefl("cnn").aggregate(old, updates, MethodState())
     # Assert: every entry by hand; column 2 of w was held by nobody and keeps its value.
     expected_w = torch.tensor([[(1 + 2 + 6) / 3, (3 + 7) / 2, 100.0],
                                [(4 + 8) / 2, (5 + 9) / 2, 100.0],
@@ -96,7 +97,7 @@ def test_grid_search_equals_brute_force_on_real_costs(window, min_depth):
 
 def test_levels_are_the_most_uniform_splits_within_epsilon():
     method = scalefl(epsilon=0.1)
-    rows = method.level_table()
+    rows = table(method)
     assert [(r["s_w"], r["depth"]) for r in rows] == [(0.67, 6), (0.75, 7), (0.85, 8), (1.0, 9)]
     for row in rows[:-1]:
         assert abs(row["r_l"] / row["target"] - 1) <= 0.1
@@ -149,13 +150,13 @@ def test_teacher_gradient_follows_detach_teacher():
 
 def test_exits_sit_at_the_level_cuts_and_clients_hold_those_before_theirs():
     method = scalefl()
-    depths = [level.depth for level in method.levels]
+    depths = [split.depth for split in method.splits]
     assert method.model.exit_blocks == tuple(d - 1 for d in depths if d < 9) == (5, 6, 7)
     global_state = method.model.state_dict()
     x = torch.randn(4, 1, 8, 8)
-    for number, level in enumerate(method.levels, start=1):
+    for number, level in enumerate(method.splits, start=1):
         spec = method.spec_for(level)
-        client = shape_model(method.adapt_model(build_model("preresnet20", 1, 10, level.width, "static_bn")), spec)
+        client = method.client_model(spec)
         client.load_state_dict(extract(global_state, spec), strict=True)
         assert client.exit_blocks == tuple(b for b in (5, 6, 7) if b < level.depth)
         assert (client.head is not None) == (level.depth == 9)
@@ -165,16 +166,15 @@ def test_exits_sit_at_the_level_cuts_and_clients_hold_those_before_theirs():
 def test_analytic_costs_match_the_built_models():
     env = ClientEnvironment.from_config(small_config(method={"name": "scalefl"}, model={"name": "preresnet20"}))
     method = env.method
-    for row, level in zip(method.level_table(), method.levels):
-        spec = method.spec_for(level)
-        client = shape_model(env.build_model(level.width), spec)
+    for row, split in zip(table(method), method.splits):
+        client = method.client_model(method.spec_for(split))
         assert row["params"] == sum(p.numel() for p in client.parameters())
-        assert row["flops"] == env.accountant.cost(level.width, 8, spec).forward_flops_per_sample  # torch's FLOP counter
+        assert row["flops"] == env.accountant.measure(client, 8).forward_flops_per_sample  # torch's FLOP counter
 
 
 def test_clients_without_budgets_draw_a_uniform_level_once_for_the_run():
     method, settings = scalefl(), train_settings(small_config().fl, 1)
-    levels = {r: [method.plan(RoundContext(r, c, 7, 50, settings), {}).options["level"] for c in range(400)] for r in (1, 2)}
+    levels = {r: [method.plan(RoundContext(r, c, 7, 50, settings), MethodState()).options.level for c in range(400)] for r in (1, 2)}
     assert levels[1] == levels[2]
     assert all(80 <= levels[1].count(n) <= 120 for n in (1, 2, 3, 4))
 
@@ -184,7 +184,7 @@ def levels_of_run(run_dir):
     from hfl.backends.base import ClientEnvironment
     from hfl.config import load_config
 
-    return ClientEnvironment.from_config(load_config(run_dir / "config.yaml", [])).method.levels
+    return ClientEnvironment.from_config(load_config(run_dir / "config.yaml", [])).method.splits
 
 
 def run_fair(tmp_path, **method):
@@ -212,15 +212,15 @@ def test_levels_from_budgets_fit_the_budget_clusters(scenario):
     config = small_config(method={"name": "scalefl", "levels_from": "budgets"}, model={"name": "preresnet20"},
                           budgets={"scenario": scenario}, fl={"clients": 8})
     env = ClientEnvironment.from_config(config)
-    rows = env.method.level_table()
+    rows = table(env.method)
     assert len(rows) == 4 and rows[-1]["target"] == 1.0  # four tiers, the widest the whole plain model
     assert [r["depth"] for r in rows] == sorted(r["depth"] for r in rows)  # level j holds exits 1..j
     assert all(0.95 <= row["r_l"] / row["target"] <= 1.0 for row in rows)  # one-sided: a client at the centre fits
     _, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
     for client, budget in enumerate(budgets):  # every client trains its own tier's level, within budget
-        task = env.method.plan(RoundContext(1, client, 0, len(env.partitions[client]), train_settings(config.fl, 1), budget), {})
+        task = env.method.plan(RoundContext(1, client, 0, len(env.partitions[client]), train_settings(config.fl, 1), budget), MethodState())
         assert task is not None and env.cost_metrics(task)["estimated_peak_bytes"] <= budget.memory_bytes
-        assert rows[task.options["level"] - 1]["target"] == pytest.approx(budget.memory_bytes / env.method._plain_memory())
+        assert rows[task.options.level - 1]["target"] == pytest.approx(budget.memory_bytes / env.method._plain_memory())
 
 
 def test_kmeans_1d_by_hand():

@@ -5,15 +5,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hfl.accounting import ClientBudget
+from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import measure_training_cost
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.errors import ConfigError
 from hfl.methods.splitmix import ensemble_loss
 from hfl.models import build_model
 from hfl.models.ensemble import BaseEnsemble
 from hfl.server import initial_state, run_experiment, train_settings
-from hfl.types import RoundContext
+from hfl.types import ClientTask, RoundContext
 from tests.conftest import small_config
 
 
@@ -43,7 +43,7 @@ def test_the_global_state_holds_n_independent_bases_and_a_client_touches_only_it
 
     client = next(c for c, b in enumerate(env.budgets) if b.tier == "w1_3")
     task = method.plan(context(config, env, client), method.init_state())
-    trained = task.options["bases"]
+    trained = list(task.options.bases)
     assert 1 <= len(trained) < 6 and [g for _, g in task.spec.places] == [f"bases.{b}." for b in trained]
     update = env.train(start, task)
     assert set(update.state) == {f"bases.{i}.{k}" for i in range(len(trained)) for k in base}
@@ -63,29 +63,32 @@ def test_the_number_of_bases_grows_with_the_budget_and_fits_it(fair):
     for client, budget in enumerate(env.budgets):
         task = method.plan(context(config, env, client), method.init_state())
         batch = min(config.fl.batch_size, len(env.partitions[client]))
-        assert method.training_cost(task.spec, batch).peak_bytes <= budget.memory_bytes
+        assert method.training_cost(task, batch).peak_bytes <= budget.memory_bytes
         planned.append((budget.memory_bytes, len(task.spec.places)))
     counts = [k for _, k in sorted(planned)]
     assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 6
-    assert method.plan(context(config, env, 0, ClientBudget("tiny", 1000, None, None)), {}) is None
+    assert method.plan(context(config, env, 0, ClientBudget("tiny", 1000, None, None)), method.init_state()) is None
 
 
 def test_the_cost_of_k_bases_is_what_training_them_together_measures(fair):
-    _, env, _ = fair
+    config, env, _ = fair
     method, acc = env.method, env.accountant
     three = BaseEnsemble([acc.build(method.base_width) for _ in range(3)])
     measured = measure_training_cost(three, acc.input_shape, acc.num_classes, 32, acc.optimizer, step=ensemble_loss)
-    assert method.training_cost(method.spec_for([0, 2, 5]), 32) == measured
+    assert method.training_cost(ClientTask(context(config, env, 0), method.spec_for([0, 2, 5])), 32) == measured
 
 
 def test_base_choice_is_seeded_and_spreads_the_first_bases_over_a_round(fair):
     config, env, _ = fair
     method = env.method
-    firsts = [method.choose_bases(context(config, env, c), 1)[0] for c in range(6)]
+    def choose(ctx, k):
+        return method.choose_bases(method.ladder.levels[k - 1], ctx)[1].bases
+
+    firsts = [choose(context(config, env, c), 1)[0] for c in range(6)]
     assert sorted(firsts) == list(range(6))  # one client per base among clients 0..n-1
-    assert [method.choose_bases(context(config, env, c), 1)[0] for c in range(6)] == firsts
-    assert [method.choose_bases(context(config, env, c, round_=2), 1)[0] for c in range(6)] != firsts
-    bases = method.choose_bases(context(config, env, 3), 4)
+    assert [choose(context(config, env, c), 1)[0] for c in range(6)] == firsts
+    assert [choose(context(config, env, c, round_=2), 1)[0] for c in range(6)] != firsts
+    bases = choose(context(config, env, 3), 4)
     assert len(set(bases)) == 4 and firsts[3] in bases
 
 

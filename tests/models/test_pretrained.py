@@ -112,13 +112,18 @@ def test_the_experiment_model_loads_them_at_full_width_only(weights_dir) -> None
 
 
 def test_nefl_starts_every_submodels_batch_norms_from_the_pretrained_ones(weights_dir) -> None:
-    from hfl.methods import build_method
-    from tests.conftest import small_config
+    from hfl.accounting.accountant import Accountant
+    from hfl.methods.base import Resources
+    from hfl.methods.nefl import NeFL, NeFLConfig
 
     folder, reference = weights_dir
-    config = small_config(method={"name": "nefl"}, model={"name": "resnet18", "pretrained": str(folder)})
-    method = build_method(config.method, build_model("resnet18", 3, 10))
-    state = method.initial_global_state(lambda width: method.adapt_model(build_model("resnet18", 3, 10, width, pretrained=str(folder))))
+
+    def build(width, norm=None):
+        return build_model("resnet18", 3, 10, width, norm or "bn", pretrained=str(folder) if width == 1 else "")
+
+    accountant = Accountant(build=build, input_shape=(3, 32, 32), num_classes=10)
+    method = NeFL(NeFLConfig(), Resources(model=build(1.0), build=build, accountant=accountant))
+    state = method.initial_global_state()
     pretrained_bn = reference.state_dict()["layer1.0.bn1.running_var"]
 
     for k in range(1, 6):  # the global state's copy of layer1.0.bn1 for every sub-model

@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from hfl.models import build_model, nefl_do_step_sizes
+from hfl.methods.nefl import nefl_do_step_sizes
+from hfl.models import build_model
 from hfl.models.vit import ViT
 from hfl.registry import MODELS
 from hfl.submodel import extract, scatter, width_spec

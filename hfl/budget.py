@@ -6,42 +6,36 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from hfl.accounting.budgets import assign_budgets, parse_width
+from hfl.accounting.amounts import parse_width
+from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
-from hfl.backends import ClientEnvironment
+from hfl.backends.base import ClientEnvironment
 from hfl.config import ExperimentConfig
+from hfl.methods.base import describe_task
 from hfl.types import RoundContext, TrainSettings
 
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 
 
-def level_rows(env: ClientEnvironment, batch: int) -> list[dict[str, Any]]:
-    """The method's level table (ScaleFL's Table 1, NeFL's Table 8), each row that names one of the
-    method's sub-models with that sub-model's estimated training memory (`peak_bytes`)."""
-    rows = [dict(row) for row in env.method.level_table()]
-    specs = env.method.submodels(env.method.init_state())
-    for row in rows:
-        spec = specs.get(row.get("name", ""))
-        if spec is not None:
-            row["peak_bytes"] = env.method.training_cost(spec, batch).peak_bytes
-    return rows
+def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int) -> RoundContext:
+    fl = config.fl
+    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
+    return RoundContext(1, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
 
 
 def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
     """What the method asks of the first client of each tier in round 1, with its estimated peak."""
-    fl = config.fl
-    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
     rows: dict[str, dict[str, Any]] = {}
     for client, budget in enumerate(env.budgets):
         if budget is None or budget.tier in rows:
             continue
-        samples = len(env.partitions[client])
-        task = env.method.plan(RoundContext(1, client, config.seed, samples, settings, budget), env.method.init_state())
-        cost = None if task is None else env.method.task_cost(task, min(fl.batch_size, samples))
+        ctx = round_one(config, env, client)
+        task = env.method.plan(ctx, env.method.init_state())
+        cost = None if task is None else env.method.training_cost(task, min(config.fl.batch_size, ctx.num_samples))
         rows[budget.tier] = {
             "tier": budget.tier,
             "budget_bytes": budget.memory_bytes,
-            "plan": "sits out: nothing fits" if task is None else env.method.describe_task(task),
+            "plan": "sits out: nothing fits" if task is None else describe_task(task),
             "peak_bytes": None if cost is None else cost.peak_bytes,
         }
     return sorted(rows.values(), key=lambda r: r["budget_bytes"] or 0)
@@ -65,7 +59,7 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         })
     widths = []
     for text in REPORT_WIDTHS:
-        cost = accountant.cost(parse_width(text), batch, adapted=False)
+        cost = accountant.plain_cost(parse_width(text), batch)
         widths.append({
             "width": text,
             "param_bytes": cost.param_bytes,
@@ -92,5 +86,5 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "scenario": config.budgets.scenario,
         "tiers": tiers,
         "plans": tier_plans(config, env),
-        **({"levels": levels} if (levels := level_rows(env, batch)) else {}),
+        **({"levels": ladder.rows(round_one(config, env, 0)), "levels_title": ladder.title} if (ladder := env.method.ladder) else {}),
     }

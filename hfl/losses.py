@@ -1,0 +1,46 @@
+"""Distillation losses that several methods share (FjORD, DepthFL, ScaleFL, FedDF, FeDepth)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def kl_distillation(student: Tensor, teacher: Tensor, temperature: float = 1.0, detach_teacher: bool = True) -> Tensor:
+    """Hinton et al.'s distillation term: T^2 KL(softmax(teacher / T) || softmax(student / T)),
+    averaged over the batch; the teacher's logits are a constant target unless `detach_teacher` is
+    off (ScaleFL's authors let gradients flow through the deepest exit)."""
+    teacher = teacher.detach() if detach_teacher else teacher
+    log_student = F.log_softmax(student / temperature, dim=1)
+    log_teacher = F.log_softmax(teacher / temperature, dim=1)
+    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2
+
+
+def mutual_distillation(logits: list[Tensor], temperature: float = 1.0) -> Tensor:
+    """DepthFL's self-distillation (and m-FeDepth's mutual learning): sum over classifiers i of
+    (1/(n-1)) sum_{j != i} KL(p_j || p_i), p = softmax(logits / T), teachers p_j detached, each KL a
+    batch mean, scaled by T^2."""
+    n = len(logits)
+    if n < 2:
+        raise ValueError("mutual distillation needs at least two classifiers")
+    log_probs = [F.log_softmax(z / temperature, dim=1) for z in logits]
+    total = logits[0].new_zeros(())
+    for i, student in enumerate(log_probs):
+        for j, teacher in enumerate(log_probs):
+            if i != j:
+                total = total + F.kl_div(student, teacher.detach(), reduction="batchmean", log_target=True)
+    return total * temperature**2 / (n - 1)
+
+
+def mutual_learning_loss(logits: Sequence[Tensor], y: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
+    """m-FeDepth's objective: the models' mean cross-entropy plus 1/(M-1) sum over ordered pairs
+    m != m' of KL(h^m' || h^m), each model learning from the others' detached predictions; plain
+    cross-entropy for one model (FeDepth)."""
+    ce = torch.stack([F.cross_entropy(z, y) for z in logits]).mean()
+    if len(logits) == 1:
+        return {"loss": ce}
+    distill = mutual_distillation(list(logits), temperature)
+    return {"loss": ce + distill, "ce": ce.detach(), "distillation": distill.detach()}
