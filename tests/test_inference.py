@@ -13,6 +13,7 @@ from hfl.inference import (
     standard_inference,
 )
 from hfl.models import build_model
+from hfl.models.exits import add_exits
 from hfl.server import run_experiment
 from tests.conftest import small_config
 
@@ -21,7 +22,7 @@ def model_and_inputs(name, exits, width=1.0, samples=10):
     torch.manual_seed(0)
     model = build_model(name, in_channels=1, num_classes=10, width=width)
     if exits:
-        model.add_exits([2, 5], "linear")
+        add_exits(model, [2, 5], "linear")
     return model.eval(), torch.randn(samples, 1, 8, 8)
 
 

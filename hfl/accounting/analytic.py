@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from hfl.models.base import ScalableModel, scaled_channels
+from hfl.models.exits import add_exits
 from hfl.submodel.spec import SubmodelSpec
 
 
@@ -37,7 +38,7 @@ class AnalyticCosts:
         probe = copy.deepcopy(model)  # exits are added to the copy only
         self.blocks = len(probe.blocks())
         missing = [b for b in range(self.blocks - 1) if str(b) not in probe.exits]
-        probe.add_exits(missing, exit_kind)
+        add_exits(probe, missing, exit_kind)
         coupled: dict[str, dict[int, int]] = {}
         for group in probe.channel_groups():
             for key, dim in group.members:

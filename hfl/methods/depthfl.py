@@ -15,7 +15,7 @@ Deliberate deviations:
   the variant its tables call "DepthFL (FedAvg)" without it.
 - The average is weighted by sample counts (FedAvg) where the authors' code counts clients; the two
   agree for equal-sized (IID) partitions.
-- The bottleneck is the model's (`ScalableModel.add_exits`): one separable conv per later stage,
+- The bottleneck is the platform's (`hfl.models.exits`): one separable conv per later stage,
   without the authors' attention modules; `exits=blocks` adds finer prefixes than the paper's.
 - The authors' code ramps the distillation weight up over 300 rounds (exp(-5 (1 - t/300)^2));
   the paper's loss has no such weight, so the ramp is off unless `distill_rampup_rounds` is set.
@@ -34,7 +34,8 @@ from torch import Tensor
 from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_distillation
 from hfl.methods.base import Client, LadderConfig, Method, Resources
-from hfl.models.base import EXIT_KINDS, ScalableModel
+from hfl.models.base import ScalableModel
+from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, full_spec, truncate
@@ -108,7 +109,7 @@ class DepthFL(Method):
         self.ladder = self.make_ladder(levels, tier_window=config.tier_window, evaluated="nested", global_model="largest_trained")
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
-        model.add_exits(self.exit_after, self.config.exit_kind)
+        add_exits(model, self.exit_after, self.config.exit_kind)
         return model
 
     def spec_for(self, depth: int) -> SubmodelSpec:

@@ -40,7 +40,8 @@ from hfl.accounting.cost import TrainingCost
 from hfl.errors import check, check_choice
 from hfl.losses import mutual_learning_loss
 from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
-from hfl.models.base import EXIT_KINDS, ScalableModel
+from hfl.models.base import ScalableModel
+from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS
 from hfl.submodel.scaling import Group, decompose
 from hfl.submodel.spec import freeze, full_spec
@@ -129,7 +130,7 @@ class FeDepth(Method):
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         if self.config.connector == "auxiliary":
-            model.add_exits(range(len(model.blocks()) - 1), self.config.exit_kind)
+            add_exits(model, range(len(model.blocks()) - 1), self.config.exit_kind)
         return model
 
     # -- the stage a client trains ------------------------------------------------------------

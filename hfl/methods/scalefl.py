@@ -45,7 +45,8 @@ from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import kl_distillation
 from hfl.methods.base import Client, Method, MethodConfig, Resources
 from hfl.methods.heterofl import scaling
-from hfl.models.base import EXIT_KINDS, ScalableModel, scaled_channels
+from hfl.models.base import ScalableModel, scaled_channels
+from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level, budget_centres
 from hfl.submodel.scaling import Split, solve_splits
@@ -176,7 +177,7 @@ class ScaleFL(Method):
         key = (tuple(scaled_channels(base, absolute) for base in self._bases), depth, exits)
         if key not in self._memory:
             model = self.resources.build(absolute)
-            model.add_exits(sorted(exits), self.config.exit_kind)
+            add_exits(model, sorted(exits), self.config.exit_kind)
             if depth < self.blocks:
                 model.truncate(depth)
             self._memory[key] = self.resources.accountant.measure(model, self.resources.batch_size, count_flops=False).peak_bytes
@@ -186,7 +187,7 @@ class ScaleFL(Method):
         return self._split_memory(width, depth, held_exits(cuts, depth, self.blocks)) / self._plain_memory()
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
-        model.add_exits(self.exit_blocks, self.config.exit_kind)
+        add_exits(model, self.exit_blocks, self.config.exit_kind)
         return model
 
     def spec_for(self, split: Split) -> SubmodelSpec:

@@ -4,9 +4,9 @@ A model is `stem -> body[0] -> ... -> body[n-1] -> head`. While a model builds i
 registers, per layer, which channel group each weight dimension belongs to (`couple`). Sub-model
 specs are computed from those declarations, never from parameter names.
 
-Methods with early exits (DepthFL, ScaleFL) attach classifiers after chosen blocks (`add_exits`);
-a depth-scaled sub-model keeps a prefix of the body and the exits inside it (`truncate`), and
-`forward_exits` returns every exit's logits, shallowest first, the head's last.
+Methods with early exits (DepthFL, ScaleFL, FeDepth) attach classifiers after chosen blocks
+(`hfl.models.exits.add_exits`); a depth-scaled sub-model keeps a prefix of the body and the exits
+inside it (`truncate`), and `forward_exits` returns every exit's logits, shallowest first, the head's last.
 
 Residual blocks can carry learnable step sizes (NeFL reads a residual network as an ODE solver,
 Y_{j+1} = Y_j + s_j F_j(Y_j)); models are built without them and a method turns them on with
@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 NORMS = ("bn", "static_bn")
-EXIT_KINDS = ("linear", "bottleneck")
 
 
 def scaled_channels(base: int, width: float) -> int:
@@ -199,28 +198,11 @@ class ScalableModel(nn.Module):
         """Blocks followed by an early exit, in forward order (the head is not counted)."""
         return tuple(sorted(int(b) for b in self.exits))
 
-    def add_exits(self, after_blocks: Sequence[int], kind: str = "linear") -> None:
-        """Attach a classifier after each of `after_blocks` (the last block already has the head).
-
-        'linear': (norm + ReLU for pre-activation nets,) pooling and a linear layer. 'bottleneck':
-        first a stride-2 separable conv per later stage, up to the last stage's channels, as in
-        DepthFL and "Be Your Own Teacher", so a shallow exit sees features of the final shape."""
-        if kind not in EXIT_KINDS:
-            raise ValueError(f"exit kind must be one of {EXIT_KINDS}, got {kind!r}")
-        blocks = self.blocks()
-        for b in sorted(set(after_blocks)):
-            if not 0 <= b < len(blocks) - 1:
-                raise ValueError(f"an exit must follow a block in 0..{len(blocks) - 2}, got {b}")
-            group = blocks[b].out_group
-            later = list(dict.fromkeys(blk.out_group for blk in blocks[b + 1 :] if blk.out_group != group))
-            targets = [self._group_base[g] for g in later] if kind == "bottleneck" else []
-            self.exits[str(b)] = self.exit_classifier(f"exits.{b}", group, targets)
-
-    def exit_classifier(self, name: str, group: str, target_bases: Sequence[int]) -> nn.Module:
-        """The classifier `add_exits` attaches, reading features of `group`; convolutional models
-        down-sample to `target_bases` channels first. Models whose features are not feature maps
-        override this."""
-        return ExitClassifier(self, name, group, target_bases)
+    def exit_classifier(self, name: str, group: str, target_bases: Sequence[int]) -> nn.Module | None:
+        """The early-exit classifier this model reads features of `group` with, or None for the
+        convolutional one of `hfl.models.exits` (which down-samples to `target_bases` channels
+        first). Models whose features are not feature maps (the ViT's tokens) return their own."""
+        return None
 
     def add_step_sizes(self, initial: Sequence[float] | float = 1.0) -> None:
         """Give every body block learnable step sizes (NeFL): block i then computes Y + s_i F_i(Y).
@@ -352,37 +334,3 @@ class ClassifierHead(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         h = self.act(self.norm(h))
         return self.fc(h.mean(dim=(2, 3)))
-
-
-class SeparableDownsample(nn.Module):
-    """Depthwise conv3x3 with stride 2, pointwise conv1x1, norm, ReLU."""
-
-    def __init__(self, model: ScalableModel, cin: int, cout: int, gin: str, gout: str) -> None:
-        super().__init__()
-        self.depthwise = model.couple(nn.Conv2d(cin, cin, 3, stride=2, padding=1, groups=cin, bias=False), None, gin)
-        self.pointwise = model.couple(nn.Conv2d(cin, cout, 1, bias=False), gin, gout)
-        self.norm = make_norm(model, cout, model.norm, gout)
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.act(self.norm(self.pointwise(self.depthwise(h))))
-
-
-class ExitClassifier(nn.Module):
-    """An early exit: optional down-sampling convs (one per later stage), then a classifier head."""
-
-    def __init__(self, model: ScalableModel, name: str, group: str, target_bases: Sequence[int]) -> None:
-        super().__init__()
-        gin, cin = group, scaled_channels(model._group_base[group], model.width)
-        layers = []
-        for k, base in enumerate(target_bases):
-            gout = f"{name}.{k}"
-            cout = model.channels(gout, base)
-            layers.append(SeparableDownsample(model, cin, cout, gin, gout))
-            gin, cin = gout, cout
-        self.convs = nn.Sequential(*layers)
-        norm = model.norm if model.head_norm and not layers else None
-        self.classifier = ClassifierHead(model, gin, cin, model.num_classes, norm)
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.classifier(self.convs(h))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hfl.models import build_model
+from hfl.models.exits import add_exits
 from hfl.submodel import extract, full_spec, shape_model, truncate, width_spec
 
 SHAPES = {"cnn": (1, 8, 8), "preresnet20": (3, 16, 16), "resnet18": (3, 16, 16)}
@@ -12,7 +13,7 @@ SHAPES = {"cnn": (1, 8, 8), "preresnet20": (3, 16, 16), "resnet18": (3, 16, 16)}
 def with_exits(name, width=1.0, kind="linear"):
     channels = SHAPES[name][0]
     model = build_model(name, channels, 10, width, "bn")
-    model.add_exits(range(len(model.body) - 1), kind)
+    add_exits(model, range(len(model.body) - 1), kind)
     return model.eval()
 
 
@@ -51,6 +52,6 @@ def test_bottleneck_exits_reach_the_last_stage_channels():
 def test_exits_refuse_the_last_block_and_out_of_range_blocks():
     model = build_model("cnn", 1, 10, 1.0, "bn")
     with pytest.raises(ValueError, match="exit must follow"):
-        model.add_exits([1])
+        add_exits(model, [1])
     with pytest.raises(ValueError, match="depth must be"):
         model.truncate(0)

@@ -8,6 +8,7 @@ import torch
 from hfl.accounting.cost import measure_training_cost
 from hfl.models import build_model
 from hfl.models.base import ScalableModel
+from hfl.models.exits import add_exits
 from hfl.models.vit import Attention, ViT
 from hfl.submodel import extract, full_spec, shape_model, truncate, width_spec
 
@@ -87,13 +88,13 @@ def test_a_narrow_attention_is_every_head_narrowed(keep: int) -> None:
 @pytest.mark.parametrize("kind", ["linear", "bottleneck"])
 def test_exits_give_a_truncated_slice_the_global_models_exit(kind: str) -> None:
     model = small()
-    model.add_exits(range(len(model.body) - 1), kind)
+    add_exits(model, range(len(model.body) - 1), kind)
     model.eval()
     x = torch.randn(2, 3, 32, 32)
     outputs = model.forward_exits(x)
     spec = truncate(full_spec(), model, 2)
     client = small()
-    client.add_exits(range(len(client.body) - 1), kind)
+    add_exits(client, range(len(client.body) - 1), kind)
     sub = shape_model(client, spec).eval()
 
     sub.load_state_dict(extract(model.state_dict(), spec), strict=True)
