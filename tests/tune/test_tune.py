@@ -235,8 +235,9 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tm
         assert scores(row["run_dir"]) == scores(reference["run_dir"])
         assert (row["accuracy"], row["best_accuracy"], row["rounds"]) == (reference["accuracy"], reference["best_accuracy"], 4)
         # The interrupted trial went on from a checkpoint, not from scratch (which would report round
-        # 1 twice). Ray 2.60 may persist a round's result before the checkpoint sent with it; a trial
-        # stopped in between resumes from the checkpoint before and reports that one round again.
+        # 1 twice). With Ray 2.60 the trial resumes from the checkpoint before the last round it
+        # reported and reports that round again (every time on the 2-core machine, 2026-11-23): the
+        # race issue 14 asks hfl to close; until then the scores, above, are what must not change.
         rounds = reported_rounds(out / "tune" / row["trial_id"] / "result.json")
         assert sorted(set(rounds)) == [1, 2, 3, 4] and rounds.count(1) == 1 and len(rounds) <= 5, rounds
     assert resumed.best_metric == finished.best_metric
