@@ -25,7 +25,7 @@ from torch.func import functional_call, vmap
 from hfl.accounting.cost import tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
-from hfl.submodel.spec import extract, uploaded_keys
+from hfl.submodel.spec import SubmodelSpec, extract, hold_rows, uploaded_keys
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
 SHUFFLE_STREAM = 1  # tag of the client's data-order random stream
@@ -203,33 +203,46 @@ def train_client(
         resident = sum(t.numel() * t.element_size() for t in state_tensors(model))
         measured_peak = torch.cuda.max_memory_allocated(device) - baseline + resident
     model.zero_grad(set_to_none=True)
-    return client_update(task, received, model.state_dict(), module.mean_loss(), measured_peak, time.perf_counter() - start)
+    trained = model.state_dict()
+    held = task.spec
+    if task.present_classes_only and classes is not None:
+        held = hold_rows(held, trained, model.classifier_keys(), classes.cpu())
+    return client_update(task, received, trained, module.mean_loss(), measured_peak, time.perf_counter() - start, held)
 
 
 def client_update(
-    task: ClientTask, received: StateDict, trained: StateDict, train_loss: float, measured_peak: int | None, seconds: float
+    task: ClientTask,
+    received: StateDict,
+    trained: StateDict,
+    train_loss: float,
+    measured_peak: int | None,
+    seconds: float,
+    held: SubmodelSpec | None = None,
 ) -> ClientUpdate:
-    """What a client sends back: the tensors of `trained` it uploads, and the client-round's metrics."""
+    """What a client sends back: the tensors of `trained` it uploads, and the client-round's metrics;
+    `held`: the task's spec narrowed to what the update covers (default: the task's spec)."""
     spec = task.spec
+    held = held or spec
     sent = {k: trained[k].detach().clone() for k in uploaded_keys(trained, spec)}
     metrics = {
         "id": task.ctx.client_id,
         "num_samples": task.ctx.num_samples,
         "train_loss": train_loss,
         "bytes_down": tensor_bytes(received, spec.masks),
-        "bytes_up": tensor_bytes(sent, spec.masks),
+        "bytes_up": tensor_bytes(sent, held.masks),
         "measured_peak_bytes": measured_peak,
         "submodel": spec.describe(),
         "seconds": seconds,
     }
-    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), spec, metrics, task.level)
+    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), held, metrics, task.level)
 
 
 def trains_together(method: Method, task: ClientTask) -> bool:
     """Whether `task` can train vectorised beside others of its shape: its loss is the default
     objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
-    peers, no masks)."""
-    return type(method).objective is Method.objective and not task.spec.masks and task.stages == (None,) and not task.peers
+    peers, no masks, nothing narrowed by the client's labels)."""
+    default = type(method).objective is Method.objective and task.stages == (None,)
+    return default and not task.spec.masks and not task.peers and not task.present_classes_only
 
 
 def train_clients_together(

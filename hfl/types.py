@@ -68,6 +68,10 @@ class ClientTask:
     peers: int = 0
     """Models of the same shape trained beside the uploaded one, freshly initialised and discarded
     after the client-round (m-FeDepth's mutual learning); the objective reads them as `client.peers`."""
+    present_classes_only: bool = False
+    """Send back only the classifier rows of the classes in the client's data: the rows of absent
+    classes are not held by the update, so they do not dilute those rows' average (HeteroFL's
+    masking trick, whose rows of absent classes receive no gradient)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class ClientUpdate:
     state: StateDict
     weight: float
     spec: SubmodelSpec
+    """What the update holds: the task's spec, with entries the client does not send back masked
+    (`ClientTask.present_classes_only`)."""
     metrics: dict[str, Any]
     level: str | None = None
     """The task's ladder level."""

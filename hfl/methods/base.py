@@ -13,7 +13,7 @@ A method is a subclass of `Method` with a `Config` dataclass. The members a meth
 Methods whose clients train one of several sub-models set `self.ladder` (`hfl.submodel.ladder`),
 which plans, fits budgets, records trained levels and names what is evaluated; they then need no
 `plan` of their own. Class attributes declare the rest: `State` (a frozen dataclass checkpointed
-with the model), `preferred_norm`, `weighting` ('samples' or 'clients' in the masked mean).
+with the model) and `preferred_norm`; `MethodConfig.weighting` says how the masked mean weighs clients.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import TrainingCost, tensor_bytes
-from hfl.errors import check
+from hfl.errors import check, check_choice
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level
@@ -45,6 +45,13 @@ WEIGHTINGS = ("samples", "clients")
 class MethodConfig:
     name: str = "fedavg"
     """Method registry key (`hfl methods` lists them)."""
+    weighting: str = "samples"
+    """How the masked mean weighs a client's update: by its sample count ('samples', FedAvg) or each
+    client once ('clients', HeteroFL's per-entry count of the clients that hold it). Each method
+    defaults to what its paper does (README's method table)."""
+
+    def __post_init__(self) -> None:
+        check_choice("weighting", self.weighting, WEIGHTINGS)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class LadderConfig(MethodConfig):
     k levels of its tier (the paper's setting is 2 with five levels)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         window = self.tier_window
         check(isinstance(window, int) and not isinstance(window, bool) and window >= -1, "tier_window", window, "an integer >= -1")
 
@@ -112,14 +120,12 @@ class Client(Protocol):
 
 class Method:
     """FedAvg's behaviour: every client trains the whole global model with cross-entropy, and the
-    server takes the masked mean of the updates weighted by sample counts."""
+    server takes the masked mean of the updates (weighted as `config.weighting` says)."""
 
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     State: ClassVar[type[MethodState]] = MethodState
     preferred_norm: ClassVar[str] = "bn"
     """The batch-norm kind `model.norm=auto` builds the model with."""
-    weighting: ClassVar[str] = "samples"
-    """How the masked mean weighs a client: by its 'samples' (FedAvg) or each client once ('clients')."""
     ladder: Ladder | None = None
 
     def __init__(self, config: MethodConfig, resources: Resources) -> None:
@@ -153,7 +159,7 @@ class Method:
         return {"loss": F.cross_entropy(client.model(x), y)}
 
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:
-        if self.weighting == "clients":
+        if self.config.weighting == "clients":
             updates = [replace(u, weight=1.0) for u in updates]
         return masked_weighted_mean(global_state, updates), state
 

@@ -23,6 +23,8 @@ from hfl.types import StateDict
 @dataclass(frozen=True)
 class DecoupledConfig(HeteroFLConfig):
     name: str = "decoupled"
+    weighting: str = "samples"
+    """Each level's model is averaged by FedAvg over its own clients."""
     scaler: bool = False
     """A level's model is whole, not a slice of a wider one: nothing to rescale."""
 

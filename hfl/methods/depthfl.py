@@ -46,6 +46,8 @@ EXIT_PLACEMENTS = ("stages", "blocks")
 @dataclass(frozen=True)
 class DepthFLConfig(LadderConfig):
     name: str = "depthfl"
+    weighting: str = "clients"
+    """The authors' code divides every layer by the number of clients that trained it."""
     exits: str = "stages"
     """Where classifiers attach: 'stages' after the last block of every stage (the paper's ResNet
     with one classifier per stage), 'blocks' after every block (finer prefixes for tight budgets)."""

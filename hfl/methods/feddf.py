@@ -52,6 +52,8 @@ STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 @dataclass(frozen=True)
 class FedDFConfig(HeteroFLConfig):
     name: str = "feddf"
+    weighting: str = "samples"
+    """Algorithm 1 starts distillation from the clients' average weighted by their data sizes."""
     distill_steps: int = 50
     """Adam steps of server distillation per round (the paper: up to 10^4, stopped early on a
     validation split). 50 is sized for CPU tests: about 5 s per round for PreResNet-20 on one CPU

@@ -109,6 +109,7 @@ class FeDepthConfig(MethodConfig):
     """Softmax temperature of the mutual distillation (scaled back by T^2)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice("connector", self.connector, CONNECTORS)
         check_choice("exit_kind", self.exit_kind, EXIT_KINDS)
         check(self.max_models >= 1, "max_models", self.max_models, "an integer >= 1")

@@ -20,6 +20,7 @@ class FedProxConfig(MethodConfig):
     """Weight of the proximal term; 0 gives FedAvg."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.mu >= 0, "mu", self.mu, "a number >= 0")
 
 

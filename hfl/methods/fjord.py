@@ -57,6 +57,8 @@ def same_width(a: float, b: float) -> bool:
 @dataclass(frozen=True)
 class FjORDConfig(LadderConfig):
     name: str = "fjord"
+    weighting: str = "samples"
+    """The authors' code weighs each width's entries by the sample counts of the clients that hold them."""
     widths: tuple[float, ...] = UNIFORM_6
     """Width ladder relative to the global model; must hold 1. Default uniform-6 (1/6, 2/6, ..., 1),
     so the smallest width fits the `fair` scenario's smallest budget (width 1/6); the paper's

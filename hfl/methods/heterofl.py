@@ -7,28 +7,33 @@ a rate drawn every round from its tier's window (NeFL's dynamic environment, `hf
 Batch norm is static (`model.norm=static_bn`: batch statistics while training, statistics
 recomputed from the training data for evaluation); the scaler divides every conv output by r while
 training, so a slice's activations keep the full model's scale; the masking trick zeroes the
-logits of classes a client has no data for. A client that fits no rate sits the round out.
+logits of classes a client has no data for, and its classifier rows of those classes are left out
+of its update (`ClientTask.present_classes_only`). The masked mean counts every client once
+(`weighting=clients`), as the paper and the authors' code. A client that fits no rate sits the round out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import check
-from hfl.methods.base import Client, LadderConfig, Method, Resources
+from hfl.methods.base import Client, LadderConfig, Method, MethodState, Resources
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, width_spec
+from hfl.types import ClientTask, RoundContext
 
 
 @dataclass(frozen=True)
 class HeteroFLConfig(LadderConfig):
     name: str = "heterofl"
+    weighting: str = "clients"
+    """The paper and the authors' code average every entry over the clients that hold it, each once."""
     widths: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125, 0.0625)
     """Width rates a client may train, relative to the global model (the paper's a-e levels)."""
     scaler: bool = True
@@ -73,6 +78,13 @@ class HeteroFL(Method):
         super().__init__(config, resources)
         levels = [Level(f"x{rate:g}", self.level_spec(rate), WidthOptions(rate)) for rate in sorted(config.widths)]
         self.ladder = self.make_ladder(levels, tier_window=config.tier_window)
+
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
+        """The ladder's task; with the masking trick a client's classifier rows of classes absent
+        from its data are left out of its update (the authors' code averages each row over the
+        clients holding its label)."""
+        task = super().plan(ctx, state)
+        return replace(task, present_classes_only=True) if task is not None and self.config.masked_ce else task
 
     def level_spec(self, rate: float) -> SubmodelSpec:
         return width_spec(self.model, self.model.width * rate)

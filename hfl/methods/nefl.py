@@ -63,6 +63,8 @@ INITIAL_STEPS = ("ones", "do")
 @dataclass(frozen=True)
 class NeFLConfig(LadderConfig):
     name: str = "nefl"
+    weighting: str = "clients"
+    """NeFedAvg (Algorithm 2) divides every slice by the number of clients that trained it."""
     scaling: str = "wd"
     """'w' width only (NeFL-W), 'd' depth only (NeFL-D), 'wd' both (NeFL-WD)."""
     gammas: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -150,7 +152,6 @@ class NeFLOptions:
 class NeFL(Method):
     Config = NeFLConfig
     preferred_norm = "bn"
-    weighting = "clients"  # Algorithm 2 divides by client counts
 
     def __init__(self, config: NeFLConfig, resources: Resources) -> None:
         super().__init__(config, resources)

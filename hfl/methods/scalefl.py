@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ScaleFLConfig(MethodConfig):
     name: str = "scalefl"
+    weighting: str = "clients"
+    """Algorithm 3 divides every entry by the number of clients that trained it."""
     levels_from: str = "ratios"
     """Where the complexity levels come from: 'ratios' (the configured `ratios` of `cost`) or
     'budgets' (k-means over the clients' memory budgets; the grid search then costs training memory)."""
@@ -84,6 +86,7 @@ class ScaleFLConfig(MethodConfig):
     """Early-exit classifier: 'linear' (pooling and a linear layer) or 'bottleneck'."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice("levels_from", self.levels_from, ("ratios", "budgets"))
         ascending = all(a < b for a, b in zip(self.ratios, self.ratios[1:]))
         check(bool(self.ratios) and ascending and all(0 < r <= 1 for r in self.ratios), "ratios", list(self.ratios),
@@ -130,7 +133,6 @@ def self_distillation_loss(
 class ScaleFL(Method):
     Config = ScaleFLConfig
     preferred_norm = "static_bn"
-    weighting = "clients"  # Algorithm 3 divides every entry by the number of clients that trained it
 
     def __init__(self, config: ScaleFLConfig, resources: Resources) -> None:
         super().__init__(config, resources)

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 BASES_STREAM = 3  # seed tag of a client-round's other bases (the client's data order is tag 1)
 BASE_WIDTHS = (1 / 2, 1 / 3, 1 / 4, 1 / 6, 1 / 8, 1 / 16)
 """The base widths `base_width: null` chooses from, widest first."""
+MAX_BASES = 32
+"""The most bases a global model may hold: each is a whole model (base_width 1/1000 on digits held
+17 GB of host memory before its first round ended); the paper's narrowest is 1/16."""
 UNBUDGETED_BASE_WIDTH = 1 / 8
 """The authors' default `atom_slim_ratio`, for runs in which no client has a memory budget."""
 
@@ -60,15 +63,19 @@ UNBUDGETED_BASE_WIDTH = 1 / 8
 @dataclass(frozen=True)
 class SplitMixConfig(MethodConfig):
     name: str = "splitmix"
+    weighting: str = "samples"
+    """The authors' code weighs every base by the client's share of the training samples."""
     base_width: float | None = None
     """Width ratio r of a base model, relative to the configured model; the global model is
     round(1/r) bases. null: the widest of 1/2, 1/3, 1/4, 1/6, 1/8, 1/16 whose training memory fits
     the smallest client budget (1/8 when no client has one)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         r = self.base_width
         if r is not None:
-            check(0 < r <= 1 and abs(round(1 / r) * r - 1) <= 0.01, "base_width", r, "1/n for an integer n >= 1 (0.5, 0.25, 0.1667, ...)")
+            n = round(1 / r) if r > 0 else 0
+            check(1 <= n <= MAX_BASES and abs(n * r - 1) <= 0.01, "base_width", r, f"1/n for an integer n from 1 to {MAX_BASES} (0.5, 0.25, 0.1667, ...)")
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ class ScalableModel(nn.Module):
         self.depth: int | None = None
         """Body blocks this instance runs (a prefix); None: all of them."""
         self._couplings: list[tuple[nn.Module, str, int, str]] = []
+        self._classifiers: list[nn.Module] = []
         self._group_base: dict[str, int] = {}
         self._block_groups: list[tuple[str | None, str, bool]] = []
 
@@ -147,7 +148,10 @@ class ScalableModel(nn.Module):
         return scaled_channels(base, self.width)
 
     def couple(self, module: nn.Module, in_group: str | None, out_group: str | None) -> nn.Module:
-        """Record which groups index `module`'s output (dim 0) and input (dim 1) channels."""
+        """Record which groups index `module`'s output (dim 0) and input (dim 1) channels; a linear
+        layer whose output is in no group is a classifier (its output rows are the classes)."""
+        if out_group is None and isinstance(module, nn.Linear):
+            self._classifiers.append(module)
         is_norm = isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm))
         for attr in ("weight", "bias", "running_mean", "running_var"):
             if getattr(module, attr, None) is None:
@@ -177,6 +181,15 @@ class ScalableModel(nn.Module):
         return [
             ChannelGroup(g, base, scaled_channels(base, self.width), tuple(members[g]))
             for g, base in self._group_base.items()
+        ]
+
+    def classifier_keys(self) -> list[str]:
+        """State keys whose rows (dim 0) are the classes: the weight and bias of every classifier
+        this instance has (the head's and the early exits')."""
+        names = self._module_names()
+        return [
+            f"{names[id(m)]}.{attr}" for m in self._classifiers if id(m) in names for attr in ("weight", "bias")
+            if getattr(m, attr, None) is not None
         ]
 
     def blocks(self) -> list[Block]:

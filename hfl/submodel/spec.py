@@ -141,6 +141,19 @@ def scatter(
     return values, coverage
 
 
+def hold_rows(spec: SubmodelSpec, client_state: Mapping[str, Tensor], keys: Iterable[str], rows: Tensor) -> SubmodelSpec:
+    """`spec`, holding of each of `keys` only `rows` (client indices along dim 0): the other rows
+    become masked entries, neither sent nor averaged (an update's coverage, not a pruning)."""
+    masks = dict(spec.masks)
+    for key in keys:
+        if key not in client_state:
+            continue
+        held = torch.zeros_like(client_state[key], dtype=torch.bool)
+        held[rows] = True
+        masks[key] = masks[key] & held if key in masks else held
+    return replace(spec, masks=masks)
+
+
 # -- spec builders ------------------------------------------------------------------------------
 def full_spec() -> SubmodelSpec:
     return SubmodelSpec()

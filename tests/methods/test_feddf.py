@@ -54,7 +54,8 @@ def two_client_round(norm, **method):
 
 
 def heterofl_like(norm):
-    return method_for({"name": "heterofl", "widths": [1.0, 0.5]}, "preresnet20", width=WIDTH, norm=norm)
+    """HeteroFL's width slices averaged as FedDF averages them: by sample counts (FedDF's Algorithm 1)."""
+    return method_for({"name": "heterofl", "widths": [1.0, 0.5], "weighting": "samples"}, "preresnet20", width=WIDTH, norm=norm)
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ def numbers(out):
 
 def test_heterofl_at_width_one_is_fedavg_bit_for_bit(tmp_path):
     run_experiment(small_config(model={"norm": "bn"}), tmp_path / "avg")
-    run_experiment(small_config(model={"norm": "bn"}, method={"name": "heterofl", "widths": [1.0]}), tmp_path / "hetero")
+    run_experiment(small_config(model={"norm": "bn"}, method={"name": "heterofl", "widths": [1.0], "weighting": "samples"}), tmp_path / "hetero")
     assert numbers(tmp_path / "hetero") == numbers(tmp_path / "avg")
 
 
@@ -35,19 +35,34 @@ def test_budgets_are_respected_and_submodels_evaluated(tmp_path, method):
     assert summary["worst_submodel_accuracy"] <= summary["mean_submodel_accuracy"] <= max(summary["submodel_accuracy"].values())
 
 
-def test_fedrolex_window_follows_eq_8_and_9():
-    config = small_config(method={"name": "fedrolex", "widths": [0.25]})
+def fedrolex_windows(roll, rounds, width=0.25):
+    """The channels of block0 (Q = 32) a width-`width` FedRolex client holds in each of `rounds`."""
+    config = small_config(method={"name": "fedrolex", "widths": [width], "roll": roll})
     method = method_for(config.method)
-    group = next(g for g in method.model.channel_groups() if g.name == "block0")  # Q = 32 channels, keeps 8
+    group = next(g for g in method.model.channel_groups() if g.name == "block0")
     key, dim = group.members[0]
-    covered = set()
-    for r in (1, 2, 30, 31, 33):
-        ctx = RoundContext(r, 0, 0, 10, train_settings(config.fl, r))
-        held = method.plan(ctx, MethodState()).spec.indices[key][dim].tolist()
+    return [method.plan(RoundContext(r, 0, 0, 10, train_settings(config.fl, r)), MethodState()).spec.indices[key][dim].tolist()
+            for r in rounds]
+
+
+def test_fedrolex_window_follows_eq_8_and_9():
+    rounds = (1, 2, 30, 31, 33)
+    windows = fedrolex_windows("forward", rounds)
+    for r, held in zip(rounds, windows):
         start = (r - 1) % 32
         assert held == [(start + k) % 32 for k in range(8)]  # Eq. 8, wrapping per Eq. 9
-        covered.update(held)
+    covered = {c for window in windows for c in window}
     assert 31 in covered and 0 in covered
+
+
+def test_fedrolex_backward_roll_is_the_authors_torch_roll():
+    rounds = (1, 2, 3, 33)
+    for r, held in zip(rounds, fedrolex_windows("backward", rounds)):
+        assert held == torch.roll(torch.arange(32), r - 1)[:8].tolist()
+
+
+def test_fedrolex_keeps_ceil_of_s_q_channels():
+    assert [len(w) for w in fedrolex_windows("forward", (1,), width=0.2)] == [7]  # ceil(6.4); floor would be 6
 
 
 def test_scaler_divides_conv_outputs_while_active():
