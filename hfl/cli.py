@@ -43,43 +43,80 @@ class RoundProgress:
             self.bar.close()
 
 
-def check_resumable(config: Any, out: Path) -> None:
-    """Refuse to resume `out` with a config that changes what is computed."""
+def config_changes(config: Any, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted field -> (saved value, value in `config`) for every field where they differ."""
     import yaml
 
+    from hfl.config import flatten
+
+    # Both sides go through YAML so that tuples and lists compare equal.
+    now, before = flatten(yaml.safe_load(yaml.safe_dump(config.to_dict()))), flatten(saved)
+    # A field added to hfl after the run was written is absent there: at its default it changes nothing.
+    defaults = flatten(yaml.safe_load(yaml.safe_dump(type(config)().to_dict())))
+    return {
+        k: (before.get(k), now.get(k)) for k in sorted(set(now) | set(before))
+        if now.get(k) != before.get(k) and not (k not in before and k in defaults and now[k] == defaults[k])
+    }
+
+
+def check_resumable(config: Any, saved: dict[str, Any], out: Path) -> None:
+    """Refuse to resume `out` with a config that changes what is computed."""
+    from hfl.errors import ConfigError
+
+    changed = {k: v for k, v in config_changes(config, saved).items() if not k.startswith(RESUMABLE_CHANGES)}
+    if changed:
+        shown = ", ".join(f"{k}: {before!r} -> {now!r}" for k, (before, now) in changed.items())
+        raise ConfigError("--resume", str(out), f"the same config as the run being resumed (differs in {shown})")
+
+
+def resumed_config(out: Path, config_path: str | None, overrides: list[str]) -> Any:
+    """The config a resumed run continues with: the run's own `config.yaml` with the explicit
+    overrides (of the fields a resumption may change). A config file given beside it must describe
+    the same experiment; its values of those fields are not taken (it may say 20 rounds where the
+    run was started with fl.rounds=6)."""
+    import copy
+
     from hfl.checkpoint import has_checkpoint
-    from hfl.config import flatten, read_yaml_mapping
+    from hfl.config import (
+        apply_overrides,
+        config_from_dict,
+        load_config,
+        read_yaml_mapping,
+    )
     from hfl.errors import ConfigError
 
     if not has_checkpoint(out):
         raise ConfigError("--resume", str(out), "a run folder with a checkpoint.pt (none found there)")
-    # The run's config.yaml holds what its checkpoint was made with; both sides go through YAML so
-    # that tuples and lists compare equal.
     saved = read_yaml_mapping(out / "config.yaml", "--resume", "the run's config.yaml")
-    now, before = flatten(yaml.safe_load(yaml.safe_dump(config.to_dict()))), flatten(saved)
-    # A field added to hfl after the run was written is absent there: at its default it changes nothing.
-    defaults = flatten(yaml.safe_load(yaml.safe_dump(type(config)().to_dict())))
-    changed = [
-        k for k in sorted(set(now) | set(before))
-        if now.get(k) != before.get(k) and not k.startswith(RESUMABLE_CHANGES)
-        and not (k not in before and k in defaults and now[k] == defaults[k])
-    ]
-    if changed:
-        shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
-        raise ConfigError("--resume", str(out), f"the same config as the run being resumed (differs in {shown})")
+    config = config_from_dict(apply_overrides(copy.deepcopy(saved), overrides))
+    check_resumable(config, saved, out)
+    if config_path is not None:
+        given = load_config(config_path, overrides)
+        check_resumable(given, saved, out)
+        ignored = [f"{k}={now!r}" for k, (_, now) in config_changes(given, saved).items() if k not in config_changes(config, saved)]
+        if ignored:
+            print(f"hfl: resuming {out} with its own config; {config_path}'s {', '.join(ignored)} not taken "
+                  f"(give such a change as an override, e.g. fl.rounds=N)", file=sys.stderr)
+    return config
 
 
 def command_run(args: argparse.Namespace) -> int:
     from hfl.config import load_config
+    from hfl.errors import ConfigError
     from hfl.loggers import read_metrics
     from hfl.server import run_experiment
 
-    config = load_config(args.config, args.overrides)
+    config_path, overrides = args.config, list(args.overrides)
+    if config_path is not None and "=" in config_path and not Path(config_path).exists():  # `hfl run --resume DIR k=v`
+        config_path, overrides = None, [config_path, *overrides]
     if args.resume:
         out = Path(args.resume)
-        check_resumable(config, out)
+        config = resumed_config(out, config_path, overrides)
         done = len(read_metrics(out))
     else:
+        if config_path is None:
+            raise ConfigError("config", None, "an experiment YAML file, e.g. experiments/quickstart.yaml (or --resume DIR to continue a run)")
+        config = load_config(config_path, overrides)
         out = Path(args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         done = 0
     print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
@@ -225,11 +262,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hfl", description="Federated learning with heterogeneous, resource-constrained clients.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run an experiment: hfl run CONFIG [key=value ...] [--out DIR] [--resume DIR]")
-    run.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    run = sub.add_parser("run", help="run an experiment: hfl run CONFIG [key=value ...] [--out DIR]; hfl run --resume DIR [key=value ...]")
+    run.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml (not needed with --resume)")
     run.add_argument("overrides", nargs="*", help="dotted overrides such as fl.rounds=3 data.alpha=0.3")
     run.add_argument("--out", help="output folder (default runs/NAME-TIMESTAMP)")
-    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, with the config saved there "
+                     "(overrides may change fl.rounds, paths, logging and device)")
     run.set_defaults(func=command_run)
     data = sub.add_parser("data", help="print the per-client label histogram of a config's partition")
     data.add_argument("config")
@@ -267,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfl: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
-        hints = {"run": "hfl run CONFIG --resume OUT", "tune": "hfl tune SPACE --out OUT --resume"}
+        hints = {"run": "hfl run --resume OUT", "tune": "hfl tune SPACE --out OUT --resume"}
         if args.command in hints:
             print(f"hfl: interrupted; continue with: {hints[args.command]}", file=sys.stderr)
         return 130

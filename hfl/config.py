@@ -215,6 +215,10 @@ class BackendConfig:
     one. Equal to sequential training up to float rounding (see the README)."""
     client_timeout_s: float = 0.0
     """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""
+    actor_start_timeout_s: float = 300.0
+    """ray: how long a pool waits for its client actors to start (a cluster may be scaling up). Past
+    it the pool goes on with the actors that started, and the run stops with an error naming what
+    they asked for if none did (more CPUs per client than the cluster has). 0 waits forever."""
     gpu_memory: str = ""
     """ray: memory of one GPU (e.g. 80GB) for sizing num_gpus = budget / device memory; default: read from CUDA."""
     ray_log_to_driver: bool = False
@@ -231,6 +235,7 @@ class BackendConfig:
         check(0 <= self.num_gpus_per_client <= 1, "num_gpus_per_client", self.num_gpus_per_client, "a number in [0, 1] (0: from the budget)")
         check(self.batch_clients >= 1, "batch_clients", self.batch_clients, "an integer >= 1")
         check(self.client_timeout_s >= 0, "client_timeout_s", self.client_timeout_s, "a number >= 0 (0: no timeout)")
+        check(self.actor_start_timeout_s >= 0, "actor_start_timeout_s", self.actor_start_timeout_s, "a number >= 0 (0: wait forever)")
         for rule in self.chaos:
             parts = rule.split(":")
             ok = len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2] in ("raise", "exit", "hang")
@@ -270,6 +275,7 @@ class ExperimentConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
+        check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         if self.method is None:
             object.__setattr__(self, "method", METHODS.get("fedavg").Config())
         if self.budgets.scenario == "per_client" and len(self.budgets.memory) != self.fl.clients:
@@ -280,6 +286,7 @@ class ExperimentConfig:
 
 
 # -- loading -----------------------------------------------------------------------------------
+SECTIONS = ("data", "model", "method", "fl", "budgets", "backend", "logging")
 def _parse_value(text: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -388,6 +395,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Exper
     """Read a YAML experiment file and apply dotted overrides."""
     path = Path(path)
     values = read_yaml_mapping(path, "config", "an experiment: data, model, method, fl, ... sections")
+    if not values:  # every default would run: almost certainly the wrong file, or one not yet written
+        raise ConfigError("config", str(path), f"an experiment with at least one of the sections {', '.join(SECTIONS)} (the file is empty)")
     values.setdefault("name", path.stem)
     return config_from_dict(apply_overrides(values, overrides))
 

@@ -27,7 +27,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        return f"{self.config['method']['name']} ({self.path.name})"
+        """The run folder's name, and the method's where the name does not already say it."""
+        name, method = self.path.name, self.config["method"]["name"]
+        return name if method in name else f"{name} ({method})"
 
 
 def load_run(path: str | Path) -> RunRecord:
@@ -95,6 +97,32 @@ def plot_accuracy_by_round(runs: list[RunRecord], path: Path) -> None:
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+LABEL_REACH = (0.2, 0.08)
+"""How far (shares of the data's x and y spans) a point's label reaches: about one label's width
+and two lines' height on the plot."""
+
+
+def shared_labels(points: list[tuple[float, float, str]]) -> list[tuple[float, float, list[str]]]:
+    """One label per group of points whose labels would overlap: (x, y of the group's highest point,
+    its labels from the highest point down). Runs at (nearly) the same place, as HeteroFL and
+    FedRolex under `fair`, get one stacked label instead of labels printed over each other."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    reach_x = LABEL_REACH[0] * (max(xs) - min(xs) if points else 0) or 1e-9
+    reach_y = LABEL_REACH[1] * (max(ys) - min(ys) if points else 0) or 1e-9
+    groups: list[list[tuple[float, float, str]]] = []
+    for point in sorted(points):
+        group = next((g for g in groups if any(abs(q[0] - point[0]) <= reach_x and abs(q[1] - point[1]) <= reach_y for q in g)), None)
+        if group is None:
+            groups.append([point])
+        else:
+            group.append(point)
+    stacked = []
+    for group in groups:
+        group.sort(key=lambda q: (-q[1], q[2]))
+        stacked.append((group[0][0], group[0][1], [q[2] for q in group]))
+    return stacked
+
+
 def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -102,12 +130,12 @@ def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for run in runs:
-        peak = run.summary.get("max_estimated_peak_bytes")
-        if peak is not None and run.summary.get("final_accuracy") is not None:
-            ax.scatter(peak / MIB, run.summary["final_accuracy"], s=40)
-            ax.annotate(run.label, (peak / MIB, run.summary["final_accuracy"]), fontsize="small",
-                        xytext=(4, 4), textcoords="offset points")
+    points = [(r.summary["max_estimated_peak_bytes"] / MIB, r.summary["final_accuracy"], r.label) for r in runs
+              if r.summary.get("max_estimated_peak_bytes") is not None and r.summary.get("final_accuracy") is not None]
+    for x, y, _ in points:
+        ax.scatter(x, y, s=40)
+    for x, y, labels in shared_labels(points):
+        ax.annotate("\n".join(labels), (x, y), fontsize="small", xytext=(4, 4), textcoords="offset points", va="bottom")
     ax.set(xlabel="max client peak training memory (MiB, estimated)", ylabel="final test accuracy",
            title="accuracy vs client memory")
     ax.margins(0.2)  # room for the labels beside the points

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from hfl.backends.base import ClientEnvironment
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
+from hfl.errors import ConfigError
 from hfl.evaluation import Evaluator
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.methods.base import record_trained
@@ -110,12 +112,25 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
     }
 
 
+def writable_folder(path: str | Path, field: str) -> Path:
+    """`path`, created if missing; a ConfigError naming `field` where it cannot be written."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(field, str(folder), f"a folder hfl can create ({error.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(field, str(folder), "a folder hfl can write to")
+    return folder
+
+
 def run_experiment(
     config: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, callbacks: Sequence[RoundCallback] = ()
 ) -> dict[str, Any]:
     """Run (or resume) an experiment, writing metrics.jsonl, checkpoints and summary.json to `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder(out_dir, "--out")
+    if config.fl.eval_spill_dir:
+        writable_folder(config.fl.eval_spill_dir, "fl.eval_spill_dir")
     env = ClientEnvironment.from_config(config)
     method, fl = env.method, config.fl
     if resume and has_checkpoint(out):

@@ -63,3 +63,47 @@ def test_learning_rate_schedules():
     cosine = FLConfig(rounds=4, lr=1.0, lr_schedule="cosine")
     assert cosine.lr_at(1) == 1.0 and cosine.lr_at(3) == pytest.approx(0.5)
     assert FLConfig(lr=0.3).lr_at(7) == 0.3
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["fl.clients=2000"], "fl.clients"),  # digits has 1437 training samples
+        (["data.server_fraction=0.99"], "fl.clients"),  # 14 samples left for 20 clients
+        (["data.partition=pathological", "data.labels_per_client=20"], "data.partition"),  # 10 classes
+        (["data.partition=pathological", "data.labels_per_client=10", "fl.clients=200"], "data.partition"),
+        (["data.server_fraction=0.0001", "method.name=feddf"], "data.server_fraction"),  # no sample for the server
+        (["data.test_fraction=0.999"], "data.test_fraction"),  # a class missing from the training set
+        (["data.test_fraction=0.001"], "data.test_fraction"),
+        (["seed=-1"], "seed"),
+        (["fl.eval_mode=blockwise", "fl.eval_spill_dir=QUICKSTART/spill"], "fl.eval_spill_dir"),
+        (["method.name=splitmix", "method.base_width=0.001"], "method.base_width"),
+        (["budgets.scenario=tiers", "budgets.memory=[1MB,2MB]", "budgets.shares=[0.5,0.6]"], "budgets.shares"),
+        (["method.weighting=mean"], "method.weighting"),
+        (["method.name=fedrolex", "method.roll=sideways"], "method.roll"),
+    ],
+)
+def test_values_the_data_or_machine_refuse_exit_2_with_one_line(tmp_path, capsys, overrides, field):
+    from hfl.cli import main
+
+    overrides = [o.replace("QUICKSTART", str(QUICKSTART)) for o in overrides]  # a file, where a folder is needed
+    assert main(["run", str(QUICKSTART), "fl.rounds=1", *overrides, "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"hfl: error: {field}=") and "is not allowed: expected" in error
+
+
+def test_an_empty_config_file_is_refused(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match="the file is empty") as info:
+        load_config(empty)
+    assert "data, model, method, fl" in info.value.allowed
+
+
+def test_run_needs_a_config_or_resume_and_a_writable_out(tmp_path, capsys):
+    from hfl.cli import main
+
+    assert main(["run"]) == 2
+    assert "--resume DIR" in capsys.readouterr().err
+    assert main(["run", str(QUICKSTART), "--out", str(QUICKSTART / "run")]) == 2
+    assert "hfl: error: --out=" in capsys.readouterr().err

@@ -27,3 +27,25 @@ def test_report_compares_runs(tmp_path, capsys):
 def test_report_refuses_a_folder_that_is_not_a_finished_run(tmp_path):
     with pytest.raises(ConfigError, match="finished hfl run"):
         write_report([str(tmp_path)], tmp_path / "rep")
+
+
+def test_runs_whose_labels_would_overlap_share_one_stacked_label():
+    from hfl.report import shared_labels
+
+    # HeteroFL and FedRolex under fair on digits: the same memory, accuracies 0.012 apart
+    points = [(4.2119, 0.513, "heterofl"), (4.2119, 0.525, "fedrolex"), (4.2119, 0.525, "decoupled"), (4.2173, 0.802, "fedavg")]
+    assert shared_labels(points) == [(4.2119, 0.525, ["decoupled", "fedrolex", "heterofl"]), (4.2173, 0.802, ["fedavg"])]
+    assert shared_labels([(1.0, 0.5, "a"), (9.0, 0.5, "b")]) == [(1.0, 0.5, ["a"]), (9.0, 0.5, ["b"])]  # far apart: one each
+
+
+def test_a_label_names_the_method_only_where_the_folder_does_not(tmp_path):
+    from pathlib import Path
+
+    from hfl.report import RunRecord
+
+    def label(folder):
+        return RunRecord(Path(folder), {"method": {"name": "heterofl"}}, {}, []).label
+
+    assert label("runs/heterofl") == "heterofl"
+    assert label("runs/heterofl-20261123") == "heterofl-20261123"
+    assert label("runs/baseline") == "baseline (heterofl)"

@@ -104,3 +104,22 @@ def test_resume_accepts_a_run_written_before_a_field_existed(tmp_path):
     assert main(["run", str(tmp_path / "config.yaml"), "fl.rounds=2", "--resume", str(tmp_path)]) == 0
     # a field the run had, changed, is still refused
     assert main(["run", str(tmp_path / "config.yaml"), "fl.rounds=3", "fl.lr=0.5", "--resume", str(tmp_path)]) == 2
+
+
+def test_resume_continues_the_saved_run_not_the_config_file(tmp_path, capsys):
+    from hfl.cli import main
+    from hfl.config import dump_config
+
+    yaml_file, out = tmp_path / "exp.yaml", tmp_path / "run"
+    dump_config(small_config(fl={"rounds": 3}), yaml_file)
+    assert main(["run", str(yaml_file), "fl.rounds=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    # The file says 3 rounds, the run was started with 1: resuming continues the run, and says so.
+    assert main(["run", str(yaml_file), "--resume", str(out)]) == 0
+    assert len(read_metrics(out)) == 1
+    assert "fl.rounds=3 not taken" in capsys.readouterr().err
+    # No config file is needed; an explicit override extends the run.
+    assert main(["run", "--resume", str(out), "fl.rounds=2"]) == 0
+    assert len(read_metrics(out)) == 2
+    assert main(["run", "--resume", str(out), "data.alpha=0.9"]) == 2
+    assert "differs in data.alpha" in capsys.readouterr().err

@@ -40,6 +40,21 @@ def server_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarr
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
+def partition_clients(config: ExperimentConfig, labels: np.ndarray, server_indices: np.ndarray, client_pool: np.ndarray) -> list[np.ndarray]:
+    """The clients' shares of `client_pool` (indices into `labels`); what the data cannot give is a ConfigError."""
+    d, clients = config.data, config.fl.clients
+    if d.server_fraction > 0 and not len(server_indices):
+        raise ConfigError("data.server_fraction", d.server_fraction, f"0, or a share of the {len(labels)} training samples of {d.name} that leaves the server at least one")
+    if clients > len(client_pool):
+        kept = f" (data.server_fraction keeps {len(server_indices)} of {len(labels)} for the server)" if len(server_indices) else ""
+        raise ConfigError("fl.clients", clients, f"at most the {len(client_pool)} training samples of {d.name} the clients share{kept}")
+    try:
+        return partition(d.partition, labels[client_pool], clients, seed=derive_seed(config.seed, PARTITION_STREAM),
+                         alpha=d.alpha, labels_per_client=d.labels_per_client)
+    except ValueError as error:  # a partitioner's own limits (pathological: labels per client, samples per label)
+        raise ConfigError("data.partition", d.partition, f"a partition {d.name} allows: {error}") from None
+
+
 class Backend(Protocol):
     def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
         """Train every task; returns the updates (in task order) and the failed clients (`id`, `reason`)."""
@@ -102,14 +117,7 @@ class ClientEnvironment:
         data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction)
         labels = data.train_y.numpy()
         server_indices, client_pool = server_split(len(labels), d.server_fraction, derive_seed(config.seed, SERVER_SPLIT_STREAM))
-        parts = partition(
-            d.partition,
-            labels[client_pool],
-            config.fl.clients,
-            seed=derive_seed(config.seed, PARTITION_STREAM),
-            alpha=d.alpha,
-            labels_per_client=d.labels_per_client,
-        )
+        parts = partition_clients(config, labels, server_indices, client_pool)
         augment = data.default_augment if d.augment == "auto" else d.augment
         transform = BatchTransform(data.mean, data.std, augment, device)
         train_x = data.train_x.to(device)

@@ -23,11 +23,13 @@ import torch
 
 from hfl.backends.base import ClientEnvironment
 from hfl.config import ExperimentConfig
+from hfl.errors import ConfigError
 from hfl.registry import BACKENDS
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
 SHARED_POOL = "any"
+START_REPORT_S = 30.0  # how often a pool waiting for its actors says so
 
 
 def tier_resource(tier: str) -> str:
@@ -149,10 +151,37 @@ class RayBackend:
         return None
 
     def _spawn(self, pool: Pool, count: int = 1) -> list[Any]:
-        """Start actors and wait until they are built, so start-up never counts against a client's timeout."""
+        """Start actors and wait until they are built, so start-up never counts against a client's
+        timeout. Actors the cluster cannot place (more CPUs asked than it has, more actors than fit)
+        would wait forever: past `backend.actor_start_timeout_s` the pool goes on with those that
+        started, and the run stops with a ConfigError if none did."""
         actors = [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
-        ray.get([actor.ready.remote() for actor in actors])
-        return actors
+        pending = {actor.ready.remote(): actor for actor in actors}
+        started: list[Any] = []
+        limit = self.config.backend.actor_start_timeout_s
+        deadline = time.monotonic() + limit if limit else None
+        while pending:
+            wait = START_REPORT_S if deadline is None else max(0.0, min(START_REPORT_S, deadline - time.monotonic()))
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait)
+            for ref in ready:
+                ray.get(ref)  # raises what an actor's constructor raised
+                started.append(pending.pop(ref))
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            log.warning("waiting for %d of %d client actors (%s) to start; the Ray cluster has %s free",
+                        len(pending), count, pool.options, ray.available_resources())
+        if pending:
+            for actor in pending.values():
+                ray.kill(actor)
+            if not started and not pool.actors:
+                raise ConfigError("backend.actor_start_timeout_s", limit,
+                                  f"time for the Ray cluster to start a client actor asking for {pool.options}, but none started "
+                                  f"(the cluster has {ray.cluster_resources()}): lower backend.num_cpus_per_client or "
+                                  "backend.actors_per_pool, or wait longer for a cluster that is scaling up")
+            pool.size = len(pool.actors) + len(started)
+            log.warning("only %d of %d client actors (%s) started within %gs: the pool goes on with %d",
+                        len(started), count, pool.options, limit, pool.size)
+        return started
 
     # -- a round ------------------------------------------------------------------------------
     def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:

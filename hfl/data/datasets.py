@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from hfl.errors import DataNotFoundError
+from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,12 @@ def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[n
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(y))
-    train_idx, test_idx = train_test_split(idx, test_size=test_fraction, stratify=y, random_state=seed)
+    try:
+        train_idx, test_idx = train_test_split(idx, test_size=test_fraction, stratify=y, random_state=seed)
+    except ValueError:  # a side would miss a class
+        classes = len(np.unique(y))
+        raise ConfigError("data.test_fraction", test_fraction,
+                          f"a share leaving each of the training and test sets at least one sample of each of the {classes} classes ({len(y)} samples)") from None
     # Sorted so that the split, not sklearn's shuffling, is what the caller depends on.
     return np.sort(train_idx), np.sort(test_idx)
 

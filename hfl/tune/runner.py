@@ -17,6 +17,7 @@ same numbers as an uninterrupted run.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
 import shutil
@@ -37,6 +38,7 @@ from hfl.tune.space import Sweep, load_sweep, trial_values
 
 log = logging.getLogger(__name__)
 TUNE_DIR, TRIALS_DIR = "tune", "trials"
+RESULT_FILE = "result.json"  # Tune's record of a trial's results, a JSON line each
 SWEEP_FILE, RESULTS_FILE, BEST_CONFIG_FILE = "sweep.yaml", "results.csv", "best_config.yaml"
 CONFIG_FILE = "config.yaml"
 
@@ -73,6 +75,8 @@ class TrialSetup:
     """The sweep's resolved base config dict."""
     trials_dir: str
     """Absolute folder holding the trials' run folders."""
+    tune_dir: str
+    """Absolute folder of Ray Tune's storage: a trial's records are in <tune_dir>/<trial_id>/."""
     group: str
     """The sweep's name: the wandb group of every trial."""
 
@@ -99,11 +103,12 @@ class TuneReporter:
 
     hfl writes a round's checkpoint before it calls the callbacks, so the checkpoint handed to Tune
     is that round's. Rounds without evaluation carry the last accuracy and loss; rounds before the
-    first evaluation are not reported (Tune requires the metric in every result).
+    first evaluation are not reported (Tune requires the metric in every result). Rounds up to
+    `recorded_upto` are not reported again: a restored trial replays them (see `recorded_rounds`).
     """
 
-    def __init__(self, config: ExperimentConfig, run_dir: Path) -> None:
-        self.config, self.run_dir = config, run_dir
+    def __init__(self, config: ExperimentConfig, run_dir: Path, recorded_upto: int = 0) -> None:
+        self.config, self.run_dir, self.recorded_upto = config, run_dir, recorded_upto
         evaluated = [r for r in read_metrics(run_dir) if r.get("accuracy") is not None]  # a restored trial's past
         self.scores = {"accuracy": evaluated[-1]["accuracy"], "loss": evaluated[-1]["loss"]} if evaluated else None
 
@@ -115,6 +120,8 @@ class TuneReporter:
         if self.scores is None:
             return
         r, fl = record["round"], self.config.fl
+        if r <= self.recorded_upto:
+            return
         metrics = {"round": r, **self.scores, "wall_seconds": record["wall_seconds"], "evaluated": record["accuracy"] is not None}
         if not (r % fl.checkpoint_every == 0 or r == fl.rounds):
             tune.report(metrics)
@@ -145,6 +152,20 @@ def _restore_into(run_dir: Path) -> bool:
     return True
 
 
+def recorded_rounds(result_file: Path) -> int:
+    """The last round Tune recorded for a trial (0: none, or its records are not on this node).
+
+    Tune takes a reported round in two steps: the result (the trial's `last_result`, a line of
+    result.json) and then, from a separate call to the trial, the checkpoint reported with it. A
+    sweep stopped between the two (a Ctrl-C) saves a state whose last checkpoint is a round older
+    than its last result, and the restored trial replays that round: hfl's runs are deterministic,
+    so the replay reproduces it, and the reporter leaves it out instead of Tune recording it twice."""
+    if not result_file.is_file():
+        return 0
+    rounds = [json.loads(line).get("round", 0) for line in result_file.read_text().splitlines() if line.strip()]
+    return max(rounds, default=0)
+
+
 def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
     """One Tune trial: an hfl run in TRIALS_DIR/<trial_id>, reporting each round."""
     from ray import tune
@@ -156,8 +177,9 @@ def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
     run_dir = Path(setup.trials_dir) / trial_id
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = _restore_into(run_dir)
-    log.info("trial %s: %s in %s%s", trial_id, params, run_dir, " (resumed)" if resume else "")
-    run_experiment(config, run_dir, resume=resume, callbacks=[TuneReporter(config, run_dir)])
+    recorded = recorded_rounds(Path(setup.tune_dir) / trial_id / RESULT_FILE) if resume else 0
+    log.info("trial %s: %s in %s%s", trial_id, params, run_dir, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
+    run_experiment(config, run_dir, resume=resume, callbacks=[TuneReporter(config, run_dir, recorded)])
 
 
 def make_trainable(setup: TrialSetup) -> Callable[[dict[str, Any]], None]:
@@ -301,7 +323,7 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
     """
     sweep = load_sweep(space_file, overrides)
     folder = _sweep_folder(sweep, out, resume)
-    setup = TrialSetup(sweep.base, str(folder / TRIALS_DIR), group=folder.name)
+    setup = TrialSetup(sweep.base, str(folder / TRIALS_DIR), str(folder / TUNE_DIR), group=folder.name)
     # Keep Ray Tune off the console (the CLI prints the results table): its new output engine prints
     # an experiment banner even at verbose=0, and every forced state snapshot (Tune forces one when a
     # trial has checkpointed num_to_keep times, i.e. every other round here) warns once it is frequent.

@@ -45,3 +45,21 @@ def test_failed_clients_are_recorded_and_left_out(tmp_path):
     assert set(failures[3]) == {1} and "timed out" in failures[3][1], failures
     assert [len(r["clients"]) for r in records] == [4, 2, 3, 4]  # the pool replaced the dead actors
     assert summary["failed_client_rounds"] == 3 and summary["final_accuracy"] is not None
+
+
+def test_actors_the_cluster_cannot_place_stop_the_run_with_a_config_error(tmp_path):
+    from hfl.errors import ConfigError
+
+    config = small_config(fl={"rounds": 1}, backend={"name": "ray", "device": "cpu", "num_cpus_per_client": 64, "actor_start_timeout_s": 3})
+    with pytest.raises(ConfigError) as info:
+        run_experiment(config, tmp_path)
+    assert info.value.field == "backend.actor_start_timeout_s"
+    assert "'num_cpus': 64" in info.value.allowed and "num_cpus_per_client" in info.value.allowed
+
+
+def test_a_pool_larger_than_the_cluster_goes_on_with_the_actors_that_started(tmp_path):
+    config = small_config(fl={"rounds": 2, "clients": 6, "fraction": 1.0},
+                          backend={"name": "ray", "device": "cpu", "actors_per_pool": 6, "actor_start_timeout_s": 30})
+    summary = run_experiment(config, tmp_path)  # 2 CPUs hold 2 of the 6 actors
+    assert summary["failed_client_rounds"] == 0
+    assert [len(r["clients"]) for r in read_metrics(tmp_path)] == [6, 6]
