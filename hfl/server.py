@@ -161,6 +161,8 @@ def run_experiment(
             }
             tasks = [task for task in planned.values() if task is not None]
             skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
+            if not tasks:
+                log.warning("round %d: no sampled client's budget fits any sub-model of %s; the round trains nothing", r, config.method.name)
             # 3. local training
             updates, failed = backend.run(state.global_state, tasks)
             # 4. aggregation

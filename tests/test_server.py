@@ -123,3 +123,11 @@ def test_resume_continues_the_saved_run_not_the_config_file(tmp_path, capsys):
     assert len(read_metrics(out)) == 2
     assert main(["run", "--resume", str(out), "data.alpha=0.9"]) == 2
     assert "differs in data.alpha" in capsys.readouterr().err
+
+
+def test_a_round_no_client_can_train_says_so(tmp_path, caplog):
+    config = small_config(method={"name": "heterofl"}, fl={"rounds": 1}, budgets={"scenario": "tiers", "memory": ["1B"]})
+    with caplog.at_level("WARNING", logger="hfl.server"):
+        summary = run_experiment(config, tmp_path)
+    assert summary["skipped_client_rounds"] > 0 and summary["client_rounds"] == 0
+    assert "round 1: no sampled client's budget fits any sub-model of heterofl" in caplog.text
