@@ -129,7 +129,7 @@ def test_a_bad_eval_mode_or_spill_dir_is_refused_naming_the_field():
         config_from_dict({"fl": {"eval_mode": "bogus"}})
     assert info.value.field == "fl.eval_mode"
     with pytest.raises(ConfigError, match="eval_spill_dir"):
-        FLConfig(eval_spill_dir="/tmp/x")
+        FLConfig(eval_spill_dir="spill")
 
 
 def test_blockwise_evaluation_gives_the_standard_runs_scores(tmp_path):

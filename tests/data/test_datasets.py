@@ -21,7 +21,7 @@ from hfl.data import (
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
 
-SHARED = Path("/work/shared/datasets")
+SHARED = Path(os.environ.get("HFL_DATA", Path(__file__).resolve().parents[3] / "shared" / "datasets"))
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
@@ -79,10 +79,10 @@ def test_synthetic_classes_differ_but_overlap(tmp_path) -> None:
     assert 0.15 < accuracy < 0.8
 
 
-def test_default_paths_follow_environment(monkeypatch) -> None:
-    monkeypatch.setenv("HFL_DATA", "/data/here")
-    monkeypatch.setenv("HFL_CACHE", "/cache/here")
-    assert (default_data_root(), default_cache_dir()) == ("/data/here", "/cache/here")
+def test_default_paths_follow_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HFL_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HFL_CACHE", str(tmp_path / "cache"))
+    assert (default_data_root(), default_cache_dir()) == (str(tmp_path / "data"), str(tmp_path / "cache"))
     monkeypatch.delenv("HFL_DATA")
     monkeypatch.delenv("HFL_CACHE")
     assert default_data_root() == default_cache_dir() == os.path.expanduser("~/.cache/hfl")
