@@ -11,6 +11,8 @@ trained with group j is the starting point for group j+1 (Algorithm 1).
 `connector=auxiliary` trains an auxiliary classifier after the group instead (the alternative the
 paper names). A block that does not fit even alone is never trained by that client but still runs
 forward (partial training); the server averages each tensor over the clients that trained it.
+`grouping=paper` replaces the decomposition by the authors' fixed groups per budget tier (their
+code's PreResNet-20 schedule), to compare with the paper's tables.
 
 m-FeDepth (`mfedepth`, `hfl.methods.mfedepth`) trains several models with mutual distillation where
 a budget holds them; its peers are built here (`max_models`).
@@ -37,7 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.cost import TrainingCost
-from hfl.errors import check, check_choice
+from hfl.accounting.amounts import ClientBudget
+from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_learning_loss
 from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
 from hfl.models.base import ScalableModel
@@ -50,6 +53,20 @@ from hfl.types import ClientTask, RoundContext
 log = logging.getLogger(__name__)
 
 CONNECTORS = ("skip", "auxiliary")
+GROUPINGS = ("measured", "paper")
+
+PAPER_LAYOUTS: dict[str, tuple[tuple[Group, ...], tuple[int, ...]]] = {
+    "w1_8": (((3, 3), (4, 4), (5, 5), (6, 7), (8, 8)), (0, 1, 2)),
+    "w1_6": (((0, 0), (1, 1), (2, 2), (3, 3), (4, 5), (6, 8)), ()),
+    "w1_3": (((0, 1), (2, 3), (4, 8)), ()),
+    "w1_2": (((0, 2), (3, 8)), ()),
+    "w1": (((0, 8),), ()),
+    "w2": (((0, 8),), ()),
+}
+"""The authors' fixed block groups and skipped blocks of PreResNet-20 (blocks counted from 0) per
+scenario tier (`budgets.scenario` fair, lack, surplus): 6 / 3 / 2 / 1 groups for the 1/6, 1/3, 1/2
+and 1 tiers, and under `lack` the 1/8 tier skips blocks 1-3. `method.grouping=paper` uses them."""
+PAPER_BLOCKS = 9
 
 
 def skip_to_head(h: Tensor, head_shape: Sequence[int]) -> Tensor:
@@ -107,10 +124,16 @@ class FeDepthConfig(MethodConfig):
     """Most models a client trains with mutual distillation (m-FeDepth); 1: FeDepth."""
     temperature: float = 1.0
     """Softmax temperature of the mutual distillation (scaled back by T^2)."""
+    grouping: str = "measured"
+    """'measured': blocks packed in order while the whole group's measured training memory fits the
+    client's budget (Figure 3); 'paper': the authors' fixed groups per scenario tier for PreResNet-20
+    (`PAPER_LAYOUTS`), for comparison with the paper's tables; budgets are then not consulted and
+    a client that breaks its budget is reported as a violation."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("connector", self.connector, CONNECTORS)
+        check_choice("grouping", self.grouping, GROUPINGS)
         check_choice("exit_kind", self.exit_kind, EXIT_KINDS)
         check(self.max_models >= 1, "max_models", self.max_models, "an integer >= 1")
         check(self.temperature > 0, "temperature", self.temperature, "a positive number")
@@ -124,10 +147,22 @@ class FeDepth(Method):
     def __init__(self, config: FeDepthConfig, resources: Resources) -> None:
         super().__init__(config, resources)
         self.num_blocks = len(self.model.blocks())
+        if config.grouping == "paper":
+            self.check_paper_grouping(resources)
         self.model = self.adapt_model(self.model)
         self._stage_costs: dict[tuple, TrainingCost] = {}
         self._layouts: dict[tuple, Layout | None] = {}
         self._shapes: dict[tuple, list[tuple[int, ...]]] = {}
+
+    def check_paper_grouping(self, resources: Resources) -> None:
+        """The paper's groups exist for PreResNet-20's nine blocks and the scenario tiers only."""
+        if self.num_blocks != PAPER_BLOCKS:
+            raise ConfigError("method.grouping", "paper", f"a model with {PAPER_BLOCKS} blocks (preresnet20); "
+                              f"{type(self.model).__name__} has {self.num_blocks}: use method.grouping=measured")
+        tiers = sorted({b.tier for b in resources.budgets if b is not None} - set(PAPER_LAYOUTS))
+        if tiers or not any(resources.budgets):
+            raise ConfigError("method.grouping", "paper", "budgets.scenario fair, lack or surplus (the paper's tiers "
+                              f"{', '.join(PAPER_LAYOUTS)}){'; found tiers ' + ', '.join(tiers) if tiers else ''}")
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
         if self.config.connector == "auxiliary":
@@ -197,21 +232,31 @@ class FeDepth(Method):
     def group_fits(self, group: Group, *, models: int, batch_size: int, budget: int) -> bool:
         return self.stage_cost(group, models, batch_size).peak_bytes <= budget
 
-    def layout_for(self, budget: int | None, batch_size: int) -> Layout | None:
+    def layout_for(self, budget: ClientBudget | None, batch_size: int) -> Layout | None:
         """The models and block groups a budget trains; None when not even one block fits."""
         key = (budget, batch_size)
         if key not in self._layouts:
             self._layouts[key] = self._layout(budget, batch_size)
         return self._layouts[key]
 
-    def _layout(self, budget: int | None, batch_size: int) -> Layout | None:
-        if budget is None:
+    def _layout(self, budget: ClientBudget | None, batch_size: int) -> Layout | None:
+        if budget is None or budget.memory_bytes is None:
             return Layout(self.config.max_models, ((0, self.num_blocks - 1),), ())
+        if self.config.grouping == "paper":
+            return self._paper_layout(budget, batch_size)
         for models in range(self.config.max_models, 0, -1):
-            groups, skipped = decompose(self.num_blocks, partial(self.group_fits, models=models, batch_size=batch_size, budget=budget))
+            fits = partial(self.group_fits, models=models, batch_size=batch_size, budget=budget.memory_bytes)
+            groups, skipped = decompose(self.num_blocks, fits)
             if groups and (models == 1 or not skipped):
                 return Layout(models, tuple(groups), tuple(skipped))
         return None
+
+    def _paper_layout(self, budget: ClientBudget, batch_size: int) -> Layout:
+        """The tier's fixed groups; as many models (m-FeDepth) as fit with every group."""
+        groups, skipped = PAPER_LAYOUTS[budget.tier]
+        fitting = [m for m in range(2, self.config.max_models + 1) if not skipped
+                   and all(self.group_fits(g, models=m, batch_size=batch_size, budget=budget.memory_bytes) for g in groups)]
+        return Layout(max(fitting, default=1), groups, skipped)
 
     def training_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
         """The peak over the client's groups; the FLOPs of all of them (each runs the local epochs)."""
@@ -226,10 +271,9 @@ class FeDepth(Method):
 
     # -- the method's roles -------------------------------------------------------------------
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        budget = ctx.budget.memory_bytes if ctx.budget else None
-        layout = self.layout_for(budget, min(ctx.train.batch_size, ctx.num_samples))
+        layout = self.layout_for(ctx.budget, min(ctx.train.batch_size, ctx.num_samples))
         if layout is None:
-            log.info("client %d: no block fits its budget of %d bytes", ctx.client_id, budget)
+            log.info("client %d: no block fits its budget of %d bytes", ctx.client_id, ctx.budget.memory_bytes)
             return None
         if layout.skipped:
             log.debug("client %d skips blocks %s (partial training)", ctx.client_id, list(layout.skipped))

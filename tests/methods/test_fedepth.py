@@ -36,16 +36,41 @@ def test_blocks_too_large_alone_are_skipped():
 
 def test_groups_are_costed_whole_not_as_sums_of_blocks():
     """A group's measured memory counts what its blocks share once: packing by it gives fewer,
-    larger groups than summing single-block costs, and every group still fits."""
+    larger groups than summing single-block costs (the top tier trains the whole model in one
+    group, as in the paper), and every group of every tier still fits."""
     config, env, tasks = env_and_tasks("fedepth", "fair")
-    ctx, task = tasks["w1_2"]
     cost = lambda group: env.method.stage_cost(group, 1, config.fl.batch_size).peak_bytes
-    groups = task.options.groups
-    assert all(cost(g) <= ctx.budget.memory_bytes for g in groups)
+    for ctx, task in tasks.values():
+        assert all(cost(g) <= ctx.budget.memory_bytes for g in task.options.groups), ctx.budget.tier
+    assert tasks["w1"][1].options.groups == ((0, 8),)
+    groups = tasks["w1_2"][1].options.groups
     first, last = next(g for g in groups if g[1] > g[0])
     single = env.method.stage_cost((first, first), 1, config.fl.batch_size)
     fixed = single.param_bytes + single.input_bytes
     assert cost((first, last)) < fixed + sum(cost((b, b)) - fixed for b in range(first, last + 1))
+
+
+@pytest.mark.parametrize("scenario", ["fair", "lack"])
+def test_paper_grouping_gives_each_tier_the_authors_groups(scenario):
+    """`method.grouping=paper`: 6 / 3 / 2 / 1 groups for the 1/6, 1/3, 1/2, 1 tiers, every block
+    trained (fair); under lack the 1/8 tier skips blocks 1-3, whatever the budgets would allow."""
+    _config, _env, tasks = env_and_tasks("fedepth", scenario, grouping="paper")
+    layouts = {tier: (task.options.groups, task.options.skipped) for tier, (_ctx, task) in tasks.items()}
+    expected = {"w1_6": (((0, 0), (1, 1), (2, 2), (3, 3), (4, 5), (6, 8)), ()), "w1_2": (((0, 2), (3, 8)), ()),
+                "w1": (((0, 8),), ())}
+    expected |= {"w1_3": (((0, 1), (2, 3), (4, 8)), ())} if scenario == "fair" else {
+        "w1_8": (((3, 3), (4, 4), (5, 5), (6, 7), (8, 8)), (0, 1, 2))}
+    assert layouts == expected
+
+
+def test_paper_grouping_refuses_models_and_budgets_it_has_no_groups_for():
+    from hfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="method.grouping.*9 blocks"):
+        ClientEnvironment.from_config(small_config(method={"name": "fedepth", "grouping": "paper"}, model={"name": "resnet18"},
+                                                   budgets={"scenario": "fair"}))
+    with pytest.raises(ConfigError, match="method.grouping.*budgets.scenario"):
+        ClientEnvironment.from_config(small_config(method={"name": "fedepth", "grouping": "paper"}, model={"name": "preresnet20"}))
 
 
 def test_skip_connection_subsamples_and_pads_to_the_head_shape():
@@ -72,11 +97,11 @@ def test_mutual_learning_loss_of_a_hand_made_pair():
     assert float(mutual_learning_loss([a], y)["loss"]) == pytest.approx(float(F.cross_entropy(a, y)))
 
 
-def env_and_tasks(method, scenario):
+def env_and_tasks(method, scenario, **options):
     """PreResNet-20 on 32x32 inputs at batch 128 (FeDepth's Table 1), where activations, not weights,
     dominate training memory (on digits' 8x8 the whole model's weights exceed the narrow tiers'
     budgets: nothing fits them)."""
-    config = small_config(method={"name": method}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
+    config = small_config(method={"name": method, **options}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
                           data={"name": "synthetic"}, fl={"batch_size": 128})
     env = ClientEnvironment.from_config(config)
     settings = train_settings(config.fl, 1)
