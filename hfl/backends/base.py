@@ -145,6 +145,7 @@ class ClientEnvironment:
             device=device,
             unlabelled_x=unlabelled,
             seed=config.seed,
+            rounds=config.fl.rounds,
         )
         method = METHODS.get(config.method.name, field="method.name")(config.method, resources)
         return cls(

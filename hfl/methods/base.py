@@ -98,6 +98,8 @@ class Resources:
     """The server's share of the training inputs, normalised, labels withheld (`data.server_fraction`)."""
     seed: int = 0
     """The experiment's seed, for the server's own random draws."""
+    rounds: int = 1
+    """The run's number of rounds (for schedules that switch on part-way, e.g. ScaleFL's distillation)."""
 
 
 class Client(Protocol):

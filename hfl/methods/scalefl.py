@@ -20,12 +20,16 @@ Deliberate deviations and choices:
 - `levels_from=budgets` costs splits by estimated training memory (the accountant's, at the
   experiment's batch size) against the absolute budget centre, and accepts only splits within
   [1 - epsilon, 1] of it, so that a client at the centre can train its level.
-- The loss is the slide's: 1/(j(j+1)) sum_i i (alpha KL_tau(y_i, y_j) + (1 - alpha) CE(y_i, y)). The
-  authors' code divides by j(j+1)/2, keeps full CE weight at every exit, takes KLDivLoss's mean over
-  classes and batch, and switches distillation on after a quarter of the rounds; none of that here.
+- The loss is the authors' code's (`loss=authors`, `train.py` and `KDLoss` in git-disl/scale-fl):
+  sum_i i (CE(y_i, y) + alpha KL_tau(y_i, y_j)) / (j(j+1)/2), the weighted mean over the exits with the
+  full cross-entropy at each, KL as `KLDivLoss`'s default mean over batch and classes
+  (`kl_reduction=mean`), distillation switched on after `distill_after` (a quarter) of the rounds.
+  Their ResNet-110 command leaves the distillation weight at 0 (0.05 is their BERT command's), so
+  `alpha` defaults to 0. `loss=slides` is the paper slides' form, 1/(j(j+1)) sum_i i (alpha KL +
+  (1 - alpha) CE): half the weighted mean, so at one learning rate it trains at about half the rate.
 - The teacher (deepest exit) is not detached, as in the authors' code (`detach_teacher` to change).
-- Static batch norm and HeteroFL's scaler while training, as in the authors' code; exits are the
-  platform's (`exit_kind`), not the authors' three-conv classifiers.
+- Static batch norm and HeteroFL's scaler while training, as in the authors' code; the exits are
+  the authors' (`exit_kind=convs`: three conv3x3-norm-ReLU layers, pooling and a linear layer).
 """
 
 from __future__ import annotations
@@ -74,19 +78,31 @@ class ScaleFLConfig(MethodConfig):
     """Tolerance of the achieved cost ratio around each target (the paper's epsilon_l)."""
     width_step: float = 0.01
     """Resolution of the s_w grid; s_d runs over d/N for the N body blocks."""
-    alpha: float = 0.05
-    """Weight of the distillation term against cross-entropy (the authors' README passes 0.05)."""
+    loss: str = "authors"
+    """'authors': sum_i i (CE + alpha KL) / (j(j+1)/2), as the authors' code; 'slides':
+    sum_i i ((1 - alpha) CE + alpha KL) / (j(j+1)), as the paper's slides write it."""
+    alpha: float = 0.0
+    """Weight of the distillation term (the authors' ResNet-110 command: 0; their BERT command: 0.05)."""
+    kl_reduction: str = "mean"
+    """'mean': KL averaged over batch and classes (`nn.KLDivLoss()`'s default, the authors'); 'batchmean':
+    the KL divergence per sample, averaged over the batch."""
+    distill_after: float = 0.25
+    """Share of the rounds after which distillation switches on (the authors': round > rounds / 4)."""
     temperature: float = 3.0
     """Softmax temperature tau of the distillation (the authors' code uses 3); KL is scaled by tau^2."""
     detach_teacher: bool = False
     """Stop gradients through the deepest exit's soft labels (the authors' code lets them flow)."""
     scaler: bool = True
     """Divide conv outputs by s_w while training (HeteroFL's scaler, used by the authors' code)."""
-    exit_kind: str = "linear"
-    """Early-exit classifier: 'linear' (pooling and a linear layer) or 'bottleneck'."""
+    exit_kind: str = "convs"
+    """Early-exit classifier: 'convs' (the authors': three conv3x3-norm-ReLU, pooling, linear), 'linear'
+    (pooling and a linear layer) or 'bottleneck'."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_choice("loss", self.loss, SCALEFL_LOSSES)
+        check_choice("kl_reduction", self.kl_reduction, ("mean", "batchmean"))
+        check(0 <= self.distill_after <= 1, "distill_after", self.distill_after, "a share of the rounds in [0, 1]")
         check_choice("levels_from", self.levels_from, ("ratios", "budgets"))
         ascending = all(a < b for a, b in zip(self.ratios, self.ratios[1:]))
         check(bool(self.ratios) and ascending and all(0 < r <= 1 for r in self.ratios), "ratios", list(self.ratios),
@@ -114,18 +130,30 @@ def held_exits(exit_blocks: Sequence[int], depth: int, blocks: int) -> frozenset
     return frozenset(e for e in exit_blocks if e < depth - 1) | cut
 
 
+SCALEFL_LOSSES = ("authors", "slides")
+
+
 def self_distillation_loss(
-    outputs: Sequence[Tensor], y: Tensor, alpha: float, temperature: float, detach_teacher: bool = False
+    outputs: Sequence[Tensor], y: Tensor, alpha: float, temperature: float, detach_teacher: bool = False,
+    form: str = "authors", kl_reduction: str = "mean",
 ) -> dict[str, Tensor]:
-    """ScaleFL's objective over the exits 1..j of a level-j model (shallowest first):
-    L = 1/(j(j+1)) sum_i i (alpha KL_tau(y_i, y_j) + (1 - alpha) CE(y_i, y))."""
+    """ScaleFL's objective over the exits 1..j of a level-j model (shallowest first), KL_i between
+    exit i and the deepest exit j:
+    'authors': L = sum_i i (CE(y_i, y) + alpha KL_tau(y_i, y_j)) / (j(j+1)/2);
+    'slides':  L = sum_i i (alpha KL_tau(y_i, y_j) + (1 - alpha) CE(y_i, y)) / (j(j+1)).
+    KL is per sample (`kl_reduction=batchmean`) or also averaged over the classes ('mean')."""
     j = len(outputs)
     teacher = outputs[-1]
     ce = torch.stack([F.cross_entropy(logits, y) for logits in outputs])
+    per_class = outputs[0].shape[1] if kl_reduction == "mean" else 1
     # The deepest exit's KL with itself is 0; it is left out rather than computed.
-    kl = torch.stack([kl_distillation(logits, teacher, temperature, detach_teacher) for logits in outputs[:-1]] + [ce.new_zeros(())])
+    kl = torch.stack([kl_distillation(logits, teacher, temperature, detach_teacher) / per_class for logits in outputs[:-1]]
+                     + [ce.new_zeros(())])
     weights = torch.arange(1, j + 1, dtype=ce.dtype, device=ce.device)
-    loss = (weights * (alpha * kl + (1 - alpha) * ce)).sum() / (j * (j + 1))
+    if form == "authors":
+        loss = (weights * (ce + alpha * kl)).sum() / (j * (j + 1) / 2)
+    else:
+        loss = (weights * (alpha * kl + (1 - alpha) * ce)).sum() / (j * (j + 1))
     return {"loss": loss, "ce": ce.detach().mean(), "kl": kl[:-1].detach().mean() if j > 1 else kl[0].detach()}
 
 
@@ -201,7 +229,9 @@ class ScaleFL(Method):
         with scaling(client.model, self.config.scaler, client.task.options.rate):
             outputs = client.model.forward_exits(x)
         c = self.config
-        return self_distillation_loss(outputs, y, c.alpha, c.temperature, c.detach_teacher)
+        distilling = client.task.ctx.round > c.distill_after * self.resources.rounds
+        return self_distillation_loss(outputs, y, c.alpha if distilling else 0.0, c.temperature, c.detach_teacher,
+                                      c.loss, c.kl_reduction)
 
     def level_table(self, ctx: RoundContext) -> list[dict[str, Any]]:
         """ScaleFL's Table 1: per level s_d, s_w, parameters, forward FLOPs per sample, and the

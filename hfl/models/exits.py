@@ -2,7 +2,8 @@
 classifiers). A 'linear' exit is (norm + ReLU for pre-activation nets,) pooling and a linear layer; a
 'bottleneck' exit first down-samples with a stride-2 separable conv per later stage, up to the last
 stage's channels, as in DepthFL and "Be Your Own Teacher", so a shallow exit sees features of the
-final shape. Exits are coupled to the model's channel groups like every layer, so width specs slice them.
+final shape. A 'convs' exit is ScaleFL's (the authors' `Classifier`): three conv3x3-norm-ReLU layers
+that keep the features' channels, then pooling and a linear layer. Exits are coupled to the model's channel groups like every layer, so width specs slice them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from torch import Tensor, nn
 
 from hfl.models.base import ClassifierHead, ScalableModel, make_norm, scaled_channels
 
-EXIT_KINDS = ("linear", "bottleneck")
+EXIT_KINDS = ("linear", "bottleneck", "convs")
+EXIT_CONVS = 3
+"""Conv layers of a 'convs' exit (ScaleFL's authors' `num_conv_layers`)."""
 
 
 def add_exits(model: ScalableModel, after_blocks: Sequence[int], kind: str = "linear") -> ScalableModel:
@@ -28,7 +31,8 @@ def add_exits(model: ScalableModel, after_blocks: Sequence[int], kind: str = "li
         later = list(dict.fromkeys(blk.out_group for blk in blocks[b + 1 :] if blk.out_group != group))
         targets = [model._group_base[g] for g in later] if kind == "bottleneck" else []
         name = f"exits.{b}"
-        model.exits[str(b)] = model.exit_classifier(name, group, targets) or ExitClassifier(model, name, group, targets)
+        convs = EXIT_CONVS if kind == "convs" else 0
+        model.exits[str(b)] = model.exit_classifier(name, group, targets) or ExitClassifier(model, name, group, targets, convs)
     return model
 
 
@@ -46,13 +50,27 @@ class SeparableDownsample(nn.Module):
         return self.act(self.norm(self.pointwise(self.depthwise(h))))
 
 
-class ExitClassifier(nn.Module):
-    """An early exit: optional down-sampling convs (one per later stage), then a classifier head."""
+class ConvNormReLU(nn.Module):
+    """conv3x3 that keeps the channels, norm, ReLU."""
 
-    def __init__(self, model: ScalableModel, name: str, group: str, target_bases: Sequence[int]) -> None:
+    def __init__(self, model: ScalableModel, channels: int, group: str) -> None:
+        super().__init__()
+        self.conv = model.couple(nn.Conv2d(channels, channels, 3, padding=1, bias=False), group, group)
+        self.norm = make_norm(model, channels, model.norm, group)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.act(self.norm(self.conv(h)))
+
+
+class ExitClassifier(nn.Module):
+    """An early exit: optional down-sampling convs (one per later stage) or `convs` channel-keeping
+    conv layers, then a classifier head."""
+
+    def __init__(self, model: ScalableModel, name: str, group: str, target_bases: Sequence[int], convs: int = 0) -> None:
         super().__init__()
         gin, cin = group, scaled_channels(model._group_base[group], model.width)
-        layers = []
+        layers: list[nn.Module] = [ConvNormReLU(model, cin, gin) for _ in range(convs)]
         for k, base in enumerate(target_bases):
             gout = f"{name}.{k}"
             cout = model.channels(gout, base)

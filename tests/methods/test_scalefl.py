@@ -3,10 +3,13 @@ the level cuts, budgets, and the level table of `hfl budget`."""
 
 import json
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hfl.accounting.analytic import AnalyticCosts
 from hfl.accounting.budgets import assign_budgets
@@ -95,8 +98,22 @@ def test_grid_search_equals_brute_force_on_real_costs(window, min_depth):
             assert most_uniform_split(ratio, widths, 9, window, min_depth) == expected
 
 
+def test_exits_are_the_authors_three_conv_classifiers():
+    """Default exits: three conv3x3 layers keeping the features' channels, each with a norm and ReLU,
+    then pooling and a linear layer (the authors' `Classifier`); they are costed into the levels."""
+    method = scalefl()
+    assert method.model.exits
+    for exit_ in method.model.exits.values():
+        convs = [m for m in exit_.modules() if isinstance(m, torch.nn.Conv2d)]
+        channels = exit_.classifier.fc.in_features
+        assert [(c.kernel_size, c.in_channels, c.out_channels) for c in convs] == [((3, 3), channels, channels)] * 3
+        assert sum(isinstance(m, torch.nn.ReLU) for m in exit_.convs.modules()) == 3
+    assert [(r["s_w"], r["depth"]) for r in table(method)] == [(0.63, 5), (0.72, 6), (0.68, 7), (1.0, 9)]
+    assert [(r["s_w"], r["depth"]) for r in table(scalefl(exit_kind="linear"))] != [(0.63, 5), (0.72, 6), (0.68, 7), (1.0, 9)]
+
+
 def test_levels_are_the_most_uniform_splits_within_epsilon():
-    method = scalefl(epsilon=0.1)
+    method = scalefl(epsilon=0.1, exit_kind="linear")
     rows = table(method)
     assert [(r["s_w"], r["depth"]) for r in rows] == [(0.67, 6), (0.75, 7), (0.85, 8), (1.0, 9)]
     for row in rows[:-1]:
@@ -133,10 +150,42 @@ def test_distillation_loss_equals_hand_computation(j):
              [[2.0, 0.0, 1.0], [1.5, 0.5, -0.5]],
              [[0.3, 2.5, -1.0], [-2.0, 1.0, 1.0]]][:j]
     y, alpha, tau = [1, 2], 0.3, 2.0
-    expected = sum(i * (alpha * hand_kl(exits[i - 1], exits[-1], tau) + (1 - alpha) * hand_ce(exits[i - 1], y))
-                   for i in range(1, j + 1)) / (j * (j + 1))
-    terms = self_distillation_loss([torch.tensor(e) for e in exits], torch.tensor(y), alpha, tau)
-    assert terms["loss"].item() == pytest.approx(expected, rel=1e-6)
+    logits = [torch.tensor(e) for e in exits]
+    slides = sum(i * (alpha * hand_kl(exits[i - 1], exits[-1], tau) + (1 - alpha) * hand_ce(exits[i - 1], y))
+                 for i in range(1, j + 1)) / (j * (j + 1))
+    terms = self_distillation_loss(logits, torch.tensor(y), alpha, tau, form="slides", kl_reduction="batchmean")
+    assert terms["loss"].item() == pytest.approx(slides, rel=1e-6)
+    # The authors' code: full CE at every exit, KLDivLoss's mean over batch and classes, divided by j(j+1)/2.
+    classes = len(exits[0][0])
+    authors = sum(i * (hand_ce(exits[i - 1], y) + alpha * hand_kl(exits[i - 1], exits[-1], tau) / classes)
+                  for i in range(1, j + 1)) / (j * (j + 1) / 2)
+    assert self_distillation_loss(logits, torch.tensor(y), alpha, tau)["loss"].item() == pytest.approx(authors, rel=1e-6)
+
+
+def test_authors_kl_is_kldivloss_mean():
+    student, teacher, tau = torch.randn(4, 10), torch.randn(4, 10), 3.0
+    # nn.KLDivLoss()'s default reduction, 'mean', is the sum over every element / their number.
+    kldiv = F.kl_div(F.log_softmax(student / tau, 1), F.softmax(teacher / tau, 1), reduction="sum") / student.numel() * tau * tau
+    y = torch.tensor([0, 1, 2, 3])
+    ce = [F.cross_entropy(z, y) for z in (student, teacher)]
+    expected = (ce[0] + 0.5 * kldiv + 2 * ce[1]) / 3
+    assert self_distillation_loss([student, teacher], y, 0.5, tau)["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_distillation_switches_on_after_a_quarter_of_the_rounds(monkeypatch):
+    import hfl.methods.scalefl as module
+
+    method = scalefl(alpha=0.5)
+    method.resources = replace(method.resources, rounds=8)
+    seen = []
+    monkeypatch.setattr(module, "self_distillation_loss", lambda outputs, y, alpha, *rest: seen.append(alpha) or {})
+    level = method.splits[0]
+    model = method.client_model(method.spec_for(level))
+    for round_ in (1, 2, 3):
+        ctx = RoundContext(round_, 0, 0, 10, train_settings(small_config().fl, round_))
+        task = SimpleNamespace(ctx=ctx, options=method.ladder.levels[0].options)
+        method.objective(SimpleNamespace(model=model, task=task), torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+    assert seen == [0.0, 0.0, 0.5]  # round > 8 / 4
 
 
 def test_teacher_gradient_follows_detach_teacher():
@@ -144,21 +193,21 @@ def test_teacher_gradient_follows_detach_teacher():
     y = torch.tensor([0, 1, 2, 3])
     for detach in (False, True):
         deep.grad = None
-        self_distillation_loss([shallow, deep], y, alpha=1.0, temperature=3.0, detach_teacher=detach)["loss"].backward()
+        self_distillation_loss([shallow, deep], y, alpha=1.0, temperature=3.0, detach_teacher=detach, form="slides")["loss"].backward()
         assert (deep.grad.abs().sum() == 0) == detach  # alpha = 1: the deep exit learns only through the KL
 
 
 def test_exits_sit_at_the_level_cuts_and_clients_hold_those_before_theirs():
     method = scalefl()
     depths = [split.depth for split in method.splits]
-    assert method.model.exit_blocks == tuple(d - 1 for d in depths if d < 9) == (5, 6, 7)
+    assert method.model.exit_blocks == tuple(d - 1 for d in depths if d < 9) == (4, 5, 6)
     global_state = method.model.state_dict()
     x = torch.randn(4, 1, 8, 8)
     for number, level in enumerate(method.splits, start=1):
         spec = method.spec_for(level)
         client = method.client_model(spec)
         client.load_state_dict(extract(global_state, spec), strict=True)
-        assert client.exit_blocks == tuple(b for b in (5, 6, 7) if b < level.depth)
+        assert client.exit_blocks == tuple(b for b in (4, 5, 6) if b < level.depth)
         assert (client.head is not None) == (level.depth == 9)
         assert len(client.forward_exits(x)) == number  # a level-j model holds exits 1..j
 
@@ -237,7 +286,7 @@ def test_budget_prints_the_level_table(tmp_path, capsys):
     assert table[1].split() == ["level", "s_d", "s_w", "blocks", "#params", "#FLOPs", "r_l", "target", "train", "memory", "MiB"]
     rows = [line.split() for line in table[3:7]]
     assert [r[0] for r in rows] == ["1", "2", "3", "4"]
-    assert rows[0][1:4] == ["0.667", "0.690", "6"]  # level 1: s_d, s_w, blocks kept
+    assert rows[0][1:4] == ["0.556", "0.630", "5"]  # level 1: s_d, s_w, blocks kept
     levels = json.loads(out_json.read_text())["levels"]
     assert [lv["level"] for lv in levels] == [1, 2, 3, 4]
     assert all(lv["peak_bytes"] > 0 and lv["flops"] > 0 for lv in levels)
