@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,43 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
             _fmt(s.get("failed_client_rounds")), _fmt(s.get("skipped_client_rounds")), _fmt(s.get("wall_seconds"), 1.0, 1),
         ]
         rows.append(row)
+    return headers, rows
+
+
+SEED_SUFFIX = re.compile(r"[-_]?seed\d+$")
+"""A run folder's seed suffix (`compare.sh --seeds` writes OUT/<method>-seed<k>)."""
+SEED_METRICS = (("final acc", "final_accuracy"), ("best acc", "best_accuracy"),
+                ("worst sub-model", "worst_submodel_accuracy"), ("mean sub-model", "mean_submodel_accuracy"))
+
+
+def seed_groups(runs: list[RunRecord]) -> list[list[RunRecord]]:
+    """Runs grouped by their config without the seed (and the run name), in first-seen order."""
+    groups: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in ("seed", "name")}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def mean_std(values: list[float]) -> str:
+    """'mean ± sample standard deviation' over seeds; the value alone for one seed; '-' for none."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def seed_rows(groups: list[list[RunRecord]]) -> tuple[list[str], list[list[str]]]:
+    """One row per group of runs that differ only in seed: mean ± std of the accuracies."""
+    metrics = [(header, key) for header, key in SEED_METRICS if any(key in r.summary for g in groups for r in g)]
+    headers = ["run", "method", "seeds", *(header for header, _ in metrics)]
+    rows = []
+    for group in groups:
+        name = SEED_SUFFIX.sub("", group[0].path.name) or group[0].path.name
+        seeds = ", ".join(str(r.config.get("seed")) for r in group)
+        values = [mean_std([r.summary[key] for r in group if r.summary.get(key) is not None]) for _, key in metrics]
+        rows.append([name, group[0].config["method"]["name"], seeds, *values])
     return headers, rows
 
 
@@ -151,7 +190,12 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
     headers, rows = comparison_rows(runs)
     plot_accuracy_by_round(runs, folder / "accuracy_by_round.png")
     plot_accuracy_by_memory(runs, folder / "accuracy_by_memory.png")
-    text = "# hfl report\n\n" + markdown_table(headers, rows)
+    text = "# hfl report\n\n"
+    groups = seed_groups(runs)
+    if any(len(g) > 1 for g in groups):
+        text += "## Mean ± standard deviation over seeds\n\nRuns whose configs differ only in `seed` are one row; ± is the sample standard deviation.\n\n"
+        text += markdown_table(*seed_rows(groups)) + "\n## Every run\n\n"
+    text += markdown_table(headers, rows)
     text += "\nPeak memory is the estimated peak training memory of a client-round; GFLOPs and MiB are per round, summed over the round's clients.\n"
     text += "\n![accuracy by round](accuracy_by_round.png)\n\n![accuracy vs client memory](accuracy_by_memory.png)\n"
     report = folder / "report.md"

@@ -49,3 +49,38 @@ def test_a_label_names_the_method_only_where_the_folder_does_not(tmp_path):
     assert label("runs/heterofl") == "heterofl"
     assert label("runs/heterofl-20261123") == "heterofl-20261123"
     assert label("runs/baseline") == "baseline (heterofl)"
+
+
+def fake_run(folder, seed, final, method="heterofl", alpha=1.0, worst=None):
+    """A finished run's three files, as `hfl run` writes them, with the numbers given."""
+    import json
+
+    import yaml
+
+    from hfl.server import SUMMARY
+
+    folder.mkdir(parents=True)
+    config = {"name": "x", "seed": seed, "method": {"name": method}, "data": {"name": "digits", "partition": "dirichlet", "alpha": alpha}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = {"final_accuracy": final, "best_accuracy": final} | ({"worst_submodel_accuracy": worst} if worst is not None else {})
+    (folder / SUMMARY).write_text(json.dumps(summary))
+    (folder / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": final}) + "\n")
+    return folder
+
+
+def test_runs_that_differ_only_in_seed_are_reported_as_mean_and_std(tmp_path):
+    runs = [fake_run(tmp_path / f"heterofl-seed{s}", s, acc, worst=acc - 0.1) for s, acc in ((0, 0.5), (1, 0.6), (2, 0.7))]
+    runs += [fake_run(tmp_path / "heterofl-a100-seed0", 0, 0.9, alpha=100.0), fake_run(tmp_path / "fedavg-seed0", 0, 0.4, method="fedavg")]
+    text = write_report([str(r) for r in runs], tmp_path / "rep").read_text()
+    seeds_table = text[text.index("Mean ± standard deviation"):text.index("## Every run")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in seeds_table.splitlines() if line.startswith("| ")][1:]
+    # the sample standard deviation of 0.5, 0.6, 0.7 is 0.1; other configs stay rows of their own
+    assert [r[:4] for r in rows] == [["heterofl", "heterofl", "0, 1, 2", "0.6000 ± 0.1000"],
+                                    ["heterofl-a100", "heterofl", "0", "0.9000"], ["fedavg", "fedavg", "0", "0.4000"]]
+    assert rows[0][5] == "0.5000 ± 0.1000" and rows[2][5] == "-"  # worst sub-model
+    assert text.count("| heterofl-seed") == 3  # every run is still listed
+
+
+def test_report_of_single_seed_runs_has_no_seed_table(tmp_path):
+    runs = [fake_run(tmp_path / "a", 0, 0.5), fake_run(tmp_path / "b", 0, 0.6, method="fedavg")]
+    assert "Mean ±" not in write_report([str(r) for r in runs], tmp_path / "rep").read_text()

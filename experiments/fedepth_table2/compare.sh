@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One cell of the FeDepth paper's Table 2: every method into OUT/<method>, then `hfl report` of them
-# into OUT/report. Arguments after OUT are overrides applied to every run (the column and the row):
+# into OUT/report. `--seeds 0,1,2` runs each method once per seed (OUT/<method>-seed<k>) and the report
+# gives mean ± std. Arguments after that are overrides applied to every run (the column and the row):
 #   experiments/fedepth_table2/compare.sh runs/t2/fair-a0.3                          # paper scale (GPU advised)
 #   experiments/fedepth_table2/compare.sh runs/t2/fair-a1.0 data.alpha=1.0
 #   experiments/fedepth_table2/compare.sh runs/t2/lack-b2 budgets.scenario=lack data.partition=pathological data.labels_per_client=2
@@ -8,20 +9,20 @@
 # FedAvg x min r follows the scenario's smallest ratio (1/6, or 1/8 under lack); under surplus the
 # paper runs only FeDepth and m-FeDepth, so only they run.
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [overrides...]}
+out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
 shift
 here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+take_seeds "$@" && shift "$SEED_ARGS"
 scenario=fair
 for arg in "$@"; do
   case $arg in budgets.scenario=*) scenario=${arg#budgets.scenario=} ;; esac
 done
 methods=(fedavg_x1 fedavg_min_r heterofl splitmix depthfl fedepth mfedepth)
 [ "$scenario" = surplus ] && methods=(fedepth mfedepth)
-runs=()
 for method in "${methods[@]}"; do
   extra=()
   [ "$method" = fedavg_min_r ] && [ "$scenario" = lack ] && extra=(model.width=0.125)
-  hfl run "$here/$method.yaml" "$@" "${extra[@]}" --out "$out/$method"
-  runs+=("$out/$method")
+  run_method "$method" "$here/$method.yaml" "$@" "${extra[@]}"
 done
 hfl report "${runs[@]}" --out "$out/report"

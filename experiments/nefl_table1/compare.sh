@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
 # The NeFL paper's Table 1 (non-IID column): every method into OUT/<method>, then `hfl report` of
-# them into OUT/report. Arguments after OUT are overrides applied to every run:
+# them into OUT/report. `--seeds 0,1,2` runs each method once per seed (OUT/<method>-seed<k>) and the
+# report gives mean ± std. Arguments after that are overrides applied to every run:
 #   experiments/nefl_table1/compare.sh runs/nefl                       # paper scale (GPU advised)
-#   experiments/nefl_table1/compare.sh runs/nefl-cpu model.name=preresnet20 fl.rounds=20 fl.local_epochs=2
-# DepthFL's exits are per model: with preresnet20 they move to blocks 5-8 (prefix shares 0.17-0.73).
+#   experiments/nefl_table1/compare.sh runs/nefl-cpu --seeds 0,1,2 model.name=preresnet20 fl.rounds=20 fl.local_epochs=2
+# `fjord` is the FjORD row as NeFL's authors run it (NeFL-W with fixed step sizes);
+# `fjord_ordered_dropout` is FjORD by its own paper, a row of its own.
+# On the ResNet-56 family (preresnet20, resnet56, resnet110) NeFL-D and NeFL-WD omit blocks per stage,
+# as the authors' tables for those models do (method.omit=per_stage); DepthFL's exits move to blocks 5-8
+# with preresnet20 (prefix shares 0.17-0.73).
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [overrides...]}
+out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
 shift
 here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+take_seeds "$@" && shift "$SEED_ARGS"
 depthfl=()
+depth=()
 for arg in "$@"; do
-  case $arg in model.name=preresnet20) depthfl=("method.exit_blocks=[5,6,7,8]") ;; esac
+  case $arg in
+    model.name=preresnet20) depthfl=("method.exit_blocks=[5,6,7,8]") depth=(method.omit=per_stage) ;;
+    model.name=resnet56 | model.name=resnet110) depth=(method.omit=per_stage) ;;
+  esac
 done
-runs=()
-for method in nefl_w nefl_d nefl_wd heterofl fjord depthfl; do
+for method in nefl_w nefl_d nefl_wd heterofl fjord fjord_ordered_dropout depthfl; do
   extra=()
-  [ "$method" = depthfl ] && extra=("${depthfl[@]}")
-  hfl run "$here/$method.yaml" "$@" "${extra[@]}" --out "$out/$method"
-  runs+=("$out/$method")
+  case $method in
+    depthfl) extra=("${depthfl[@]}") ;;
+    nefl_d | nefl_wd) extra=("${depth[@]}") ;;
+  esac
+  run_method "$method" "$here/$method.yaml" "$@" "${extra[@]}"
 done
 hfl report "${runs[@]}" --out "$out/report"

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Run every method of the ScaleFL comparison into OUT/<method>, then `hfl report` them into OUT/report.
-# Arguments after OUT are overrides applied to every run:
+# ScaleFL's comparison at equal parameters (the paper's protocol): every method into OUT/<method>, then
+# `hfl report` of them into OUT/report. `--seeds 0,1,2` runs each method once per seed (OUT/<method>-seed<k>)
+# and the report gives mean ± std. Arguments after that are overrides applied to every run:
 #   experiments/scalefl_cifar10/compare.sh runs/scalefl                      # ScaleFL's scale (GPU advised)
 #   experiments/scalefl_cifar10/compare.sh runs/scalefl data.alpha=100       # the near-IID column
-#   experiments/scalefl_cifar10/compare.sh runs/scalefl_digits data.name=digits model.name=preresnet20 \
-#       fl.clients=20 fl.fraction=0.5 fl.rounds=10 fl.batch_size=16 fl.local_epochs=1   # reduced, ~5 min on a CPU
+#   experiments/scalefl_cifar10/compare.sh runs/scalefl_digits --seeds 0,1,2 data.name=digits model.name=preresnet20 \
+#       fl.clients=20 fl.fraction=0.5 fl.rounds=10 fl.batch_size=16 fl.local_epochs=1   # reduced, CPU
+# experiments/scalefl_cifar10_equal_memory/compare.sh compares the same methods at equal training memory.
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [overrides...]}
+out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
 shift
 here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+take_seeds "$@" && shift "$SEED_ARGS"
 for method in fedavg decoupled heterofl fedrolex fjord depthfl scalefl feddf; do
-  hfl run "$here/$method.yaml" "$@" --out "$out/$method"
+  run_method "$method" "$here/$method.yaml" "$@"
 done
-hfl report "$out"/fedavg "$out"/decoupled "$out"/heterofl "$out"/fedrolex "$out"/fjord "$out"/depthfl "$out"/scalefl "$out"/feddf --out "$out/report"
+hfl report "${runs[@]}" --out "$out/report"

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.cost import TrainingCost
 from hfl.accounting.amounts import ClientBudget
+from hfl.accounting.cost import TrainingCost
 from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_learning_loss
 from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources

@@ -13,7 +13,10 @@ Sub-models. `method.gammas` are target parameter ratios (default 0.2, 0.4, 0.6, 
   last block of each stage goes first, deepest stage first (later blocks refine what earlier ones
   computed; the paper's ResNet-56 sub-models keep each stage's first blocks), stage-opening blocks
   last (a block that changes the feature shape keeps its projection shortcut, as the paper's
-  ResNet-18 sub-models do).
+  ResNet-18 sub-models do). These sets need not nest (a larger sub-model may drop a stage opener's
+  branch that a smaller one keeps). `omit=per_stage` is the authors' rule for ResNet-56/110
+  (Table 12): every stage keeps the same number of leading blocks, the number whose parameter share
+  is closest to gamma_D (NeFL-WD: among those holding at least gamma), so the sub-models nest.
 - NeFL-WD (`scaling=wd`): gamma = gamma_W * gamma_D with gamma_D = gamma^depth_exponent (balanced
   by default), the width then solved for the whole sub-model to hold gamma of the parameters.
 Step sizes start at 1 (NeFL-D) or, with `initial_steps=do`, a kept block followed by k omitted ones
@@ -50,7 +53,14 @@ from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy
 from hfl.submodel.ladder import Level
-from hfl.submodel.scaling import blocks_to_omit, largest_width, omission_order
+from hfl.submodel.scaling import (
+    blocks_to_omit,
+    largest_width,
+    omission_order,
+    omittable_blocks,
+    per_stage_omission,
+    stages_of,
+)
 from hfl.submodel.spec import SubmodelSpec, drop_blocks, width_spec
 from hfl.types import RoundContext
 
@@ -58,6 +68,7 @@ log = logging.getLogger(__name__)
 
 SCALINGS = ("w", "d", "wd")
 INITIAL_STEPS = ("ones", "do")
+OMISSIONS = ("params", "per_stage")
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,11 @@ class NeFLConfig(LadderConfig):
     """'ones' (NeFL-D) or 'do' (NeFL-DO: a kept block followed by k omitted ones starts at k + 1)."""
     inconsistent: bool = True
     """Keep batch norms and step sizes per sub-model (False: everything averaged by NeFedAvg)."""
+    omit: str = "params"
+    """Which blocks depth scaling omits: 'params' (of all sets meeting the parameter ratio, the one
+    leaving the most parameters; the default, as the paper's hand-picked ResNet-18 sub-models) or
+    'per_stage' (the same leading blocks of every stage, as many as bring the share closest to the
+    target; nested; the authors' ResNet-56/110 tables)."""
     depth_exponent: float = 0.5
     """NeFL-WD's split of gamma: gamma_D = gamma ** depth_exponent, the width taking the rest."""
     tier_window: int = 2
@@ -85,6 +101,7 @@ class NeFLConfig(LadderConfig):
         super().__post_init__()
         check_choice("scaling", self.scaling, SCALINGS)
         check_choice("initial_steps", self.initial_steps, INITIAL_STEPS)
+        check_choice("omit", self.omit, OMISSIONS)
         gammas = list(self.gammas)
         check(bool(gammas) and all(0 < g <= 1 for g in gammas) and gammas == sorted(set(gammas)) and gammas[-1] == 1,
               "gammas", gammas, "ascending ratios in (0, 1] ending with 1")
@@ -179,7 +196,11 @@ class NeFL(Method):
         omitted: frozenset[int] = frozenset()
         if "d" in scaling and self.residual and gamma < 1:
             depth_gamma = gamma if scaling == "d" else gamma**self.config.depth_exponent
-            omitted = blocks_to_omit(self.order, self.saved, total, depth_gamma)
+            if self.config.omit == "per_stage":
+                at_least = gamma if "w" in scaling else 0.0
+                omitted = per_stage_omission(stages_of(self.model), omittable_blocks(self.model), self.saved, total, depth_gamma, at_least)
+            else:
+                omitted = blocks_to_omit(self.order, self.saved, total, depth_gamma)
         width = 1.0
         if "w" in scaling and gamma < 1:
             width = largest_width(lambda w: self._params(w, omitted), gamma * total)

@@ -31,17 +31,27 @@ class Split:
     """The target cost ratio it was searched for."""
 
 
-def omission_order(model: ScalableModel) -> list[int]:
-    """Body blocks in the order NeFL-D omits them (see the module docstring)."""
+def omittable_blocks(model: ScalableModel) -> set[int]:
+    """Residual body blocks a sub-model may omit (their branch, or all but their projection shortcut)."""
+    return {b.index for b in model.blocks() if isinstance(model.body[b.index], ResidualBlock)
+            and (b.droppable or model.body[b.index].shortcut_modules)}
+
+
+def stages_of(model: ScalableModel) -> list[list[int]]:
+    """Body blocks grouped by stage (consecutive blocks with the same output channel group)."""
     blocks = model.blocks()
-    omittable = {b.index for b in blocks if isinstance(model.body[b.index], ResidualBlock)
-                 and (b.droppable or model.body[b.index].shortcut_modules)}
     stages: list[list[int]] = []
     for b in blocks:
         if stages and blocks[stages[-1][-1]].out_group == b.out_group:
             stages[-1].append(b.index)
         else:
             stages.append([b.index])
+    return stages
+
+
+def omission_order(model: ScalableModel) -> list[int]:
+    """Body blocks in the order NeFL-D omits them (see the module docstring)."""
+    omittable, stages = omittable_blocks(model), stages_of(model)
     tails = [[i for i in stage[1:] if i in omittable] for stage in stages]
     order = []
     while any(tails):
@@ -77,6 +87,23 @@ def blocks_to_omit(order: Sequence[int], saved: dict[int, int], total: int, targ
     close = [r for r in enough if r <= min(enough) + 0.01 * total]
     counts = min((reachable[r] for r in close), key=lambda c: (sum(c), 0))
     return frozenset(b for blocks, count in zip(classes.values(), counts) for b in blocks[:count])
+
+
+def per_stage_omission(stages: Sequence[Sequence[int]], omittable: set[int], saved: dict[int, int], total: int,
+                       target: float, at_least: float = 0.0) -> frozenset[int]:
+    """Every stage keeps its first n blocks, the same n in every stage (the NeFL authors' ResNet-56
+    and ResNet-110 sub-models, Table 12): the n whose share of the `total` parameters is closest to
+    `target`, among those holding at least `at_least` of them (NeFL-WD: the sub-model's whole
+    share, which the width then trims to). Both grow with the sub-model, so sub-models nest."""
+    def omitted(n: int) -> frozenset[int]:
+        return frozenset(b for stage in stages for b in stage[n:] if b in omittable)
+
+    def share(n: int) -> float:
+        return 1 - sum(saved[b] for b in omitted(n)) / total
+
+    longest = max(len(stage) for stage in stages)
+    candidates = [n for n in range(1, longest + 1) if share(n) >= at_least * (1 - 1e-9)] or [longest]
+    return omitted(min(candidates, key=lambda n: (abs(share(n) - target), n)))
 
 
 def largest_width(params: Callable[[float], int], target: float) -> float:

@@ -3,6 +3,7 @@ inconsistent parameters stay with their sub-model, NeFedAvg is the masked mean (
 dynamic tiers, the budget table and the summary's worst/mean sub-model accuracy."""
 
 import json
+from itertools import pairwise
 
 import pytest
 import torch
@@ -226,3 +227,21 @@ def test_a_run_reports_worst_and_mean_submodel_accuracy(tmp_path):
 
     assert summary["client_rounds"] == 10
     assert 0 <= summary["worst_submodel_accuracy"] <= summary["mean_submodel_accuracy"] <= 1
+
+
+def test_per_stage_omission_keeps_the_same_leading_blocks_of_every_stage_as_table_12():
+    """`omit=per_stage` on ResNet-56 NeFL-WD: every stage keeps its first 4, 6, 7, 8, 9 blocks (the
+    paper's Table 12), so the sub-models nest; the default `omit=params` does not nest there."""
+    from hfl.submodel.scaling import stages_of
+
+    def kept_per_stage(method):
+        stages = stages_of(method.model)
+        return [sorted({sum(1 for b in stage if b not in sub.omitted) for stage in stages}) for sub in method.submodels_]
+
+    method, _ = nefl("resnet56", scaling="wd", omit="per_stage")
+    assert kept_per_stage(method) == [[4], [6], [7], [8], [9]]
+    omitted = [sub.omitted for sub in method.submodels_]
+    assert all(later <= earlier for earlier, later in pairwise(omitted))  # nested
+    assert all(abs(sub.params / method.total_params - sub.gamma) < 0.01 for sub in method.submodels_)
+    by_params = [sub.omitted for sub in nefl("resnet56", scaling="wd")[0].submodels_]
+    assert not all(later <= earlier for earlier, later in pairwise(by_params))

@@ -1,0 +1,59 @@
+"""The comparison scripts (`experiments/*/compare.sh`): which runs they start with `--seeds`, and
+the per-model overrides they add, checked with a stand-in `hfl` on PATH that records its calls."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "experiments").glob("*/compare.sh"))
+
+
+def calls_of(script, tmp_path, *args):
+    """The argument lists `script OUT args...` passes to `hfl`, one per call."""
+    fake = tmp_path / "bin" / "hfl"
+    fake.parent.mkdir(exist_ok=True)
+    log = tmp_path / "calls.txt"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\t" "$@" >> {log}\necho >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", str(script), str(tmp_path / "out"), *args], check=True, env=env, capture_output=True)
+    return [line.rstrip("\t").split("\t") for line in log.read_text().splitlines()]
+
+
+def test_every_comparison_script_is_checked():
+    assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.parent.name)
+def test_seeds_run_every_method_once_per_seed_and_report_them_all(script, tmp_path):
+    calls = calls_of(script, tmp_path, "--seeds", "0,2", "fl.rounds=1")
+    runs, report = calls[:-1], calls[-1]
+    assert all(c[0] == "run" and "fl.rounds=1" in c for c in runs)
+    configs = sorted({Path(c[1]).stem for c in runs})
+    expected = []
+    for config in configs:
+        for seed in (0, 2):
+            out = str(tmp_path / "out" / f"{config}-seed{seed}")
+            assert sum(1 for c in runs if Path(c[1]).stem == config and f"seed={seed}" in c and c[-2:] == ["--out", out]) == 1
+            expected.append(out)
+    assert report[0] == "report" and sorted(report[1:-2]) == sorted(expected) and report[-2:] == ["--out", str(tmp_path / "out" / "report")]
+
+
+def test_one_seed_keeps_one_folder_per_method(tmp_path):
+    calls = calls_of(ROOT / "experiments" / "scalefl_cifar10" / "compare.sh", tmp_path)
+    assert [c[-1] for c in calls[:-1]] == [str(tmp_path / "out" / m) for m in
+                                          ("fedavg", "decoupled", "heterofl", "fedrolex", "fjord", "depthfl", "scalefl", "feddf")]
+    assert all("seed=0" in c for c in calls[:-1])
+
+
+def test_nefl_comparison_omits_blocks_per_stage_on_the_resnet56_family(tmp_path):
+    calls = calls_of(ROOT / "experiments" / "nefl_table1" / "compare.sh", tmp_path, "model.name=preresnet20")
+    per_stage = {Path(c[1]).stem for c in calls if "method.omit=per_stage" in c}
+    assert per_stage == {"nefl_d", "nefl_wd"}
+    assert {Path(c[1]).stem for c in calls[:-1]} >= {"fjord", "fjord_ordered_dropout"}
+    (tmp_path / "calls.txt").unlink()
+    calls = calls_of(ROOT / "experiments" / "nefl_table1" / "compare.sh", tmp_path)
+    assert not any("method.omit=per_stage" in c for c in calls)
