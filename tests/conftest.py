@@ -69,3 +69,33 @@ def level_cost(method, name, batch_size, num_samples=100, round_=1):
 
     ctx = RoundContext(round_, 0, 0, num_samples, TrainSettings(0.1, 0.0, 0.0, 1, batch_size), None)
     return method.training_cost(method.ladder.task_for(ctx, method.ladder[name]), batch_size).peak_bytes
+
+
+def run_with_env(config, out, monkeypatch):
+    """`run_experiment(config, out)`'s summary, the environment it built (to score the final
+    weights again with the run's own method) and its final checkpoint."""
+    import torch
+
+    from hfl import server
+
+    envs = []
+    build = server.ClientEnvironment.from_config
+    monkeypatch.setattr(server.ClientEnvironment, "from_config", lambda c: envs.append(build(c)) or envs[-1])
+    summary = server.run_experiment(config, out)
+    (env,) = envs
+    return summary, env, torch.load(Path(out) / "checkpoint.pt", weights_only=False)
+
+
+def assert_submodels_scored_on_final_weights(summary, env, checkpoint):
+    """Each sub-model's accuracy in the summary is that sub-model scored on the final weights, and
+    worst and mean are their min and mean."""
+    from hfl.evaluation import Evaluator
+
+    accuracy = summary["submodel_accuracy"]
+    evaluate = Evaluator(env)
+    specs = env.method.submodels(checkpoint["method_state"])
+    assert set(specs) == set(accuracy)
+    for name, spec in specs.items():
+        assert accuracy[name] == evaluate(checkpoint["global_state"], spec)["accuracy"], name
+    assert summary["worst_submodel_accuracy"] == min(accuracy.values())
+    assert summary["mean_submodel_accuracy"] == pytest.approx(sum(accuracy.values()) / len(accuracy), abs=1e-12)

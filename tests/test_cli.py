@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hfl.cli import main
-from tests.conftest import QUICKSTART
+from tests.conftest import QUICKSTART, ROOT, cli_env
 
 
 def test_methods_lists_registered_methods_with_papers(capsys):
@@ -42,7 +42,17 @@ def test_wandb_logs_offline_into_the_run_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_reaches_090(tmp_path):
-    assert main(["run", str(QUICKSTART), "--out", str(tmp_path)]) == 0
+def test_quickstart_reaches_what_the_readme_states(tmp_path):
+    """`hfl run experiments/quickstart.yaml` in a process pinned to AVX2 kernels, as the golden runs
+    are (the instruction set changes float results): 351 of the 360 test images, 0.975, exactly.
+    The README gives this and the 0.978 of AVX-512 kernels."""
+    import subprocess
+    import sys
+
+    from tests.golden.runs import PINNED_ISA
+
+    env = {**cli_env(), **PINNED_ISA}
+    subprocess.run([sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "--out", str(tmp_path)], env=env, cwd=ROOT,
+                   check=True, capture_output=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["final_accuracy"] >= 0.90 and summary["rounds"] == 20
+    assert summary["rounds"] == 20 and summary["final_accuracy"] == 351 / 360

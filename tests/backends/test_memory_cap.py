@@ -6,8 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("ray")
-
 from hfl.accounting.amounts import ClientBudget
 from hfl.backends.ray import cap_client_memory
 

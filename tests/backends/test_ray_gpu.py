@@ -2,9 +2,8 @@
 CUDA out of memory, is recorded, and the run goes on without it."""
 
 import pytest
+import ray
 import torch
-
-ray = pytest.importorskip("ray")
 
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment

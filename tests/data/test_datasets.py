@@ -1,4 +1,10 @@
-"""Dataset loaders: shapes, dtypes, fixed splits, caching, and the errors for missing data."""
+"""Dataset loaders: shapes, dtypes, fixed splits, caching, and the errors for missing data.
+
+The tests of real datasets read them from `$HFL_DATA`, else from `../shared/datasets` beside the
+repository. Where such a folder exists (HFL_DATA set, or the shared folder present) or
+`HFL_REQUIRE_DATA=1`, a dataset missing from it FAILS its test: that machine is meant to have the
+data. Only a machine with neither skips them.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +27,22 @@ from hfl.data import (
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
 
-SHARED = Path(os.environ.get("HFL_DATA", Path(__file__).resolve().parents[3] / "shared" / "datasets"))
+FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+SHARED = Path(os.environ.get("HFL_DATA", FALLBACK))
+REQUIRE_DATA = os.environ.get("HFL_REQUIRE_DATA") == "1" or "HFL_DATA" in os.environ or FALLBACK.is_dir()
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def shared(*parts: str) -> Path:
+    """A path in the shared data folder; fails when this machine should have it (see the module
+    docstring), skips only where it has no data folder."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        reason = f"{path} is missing (HFL_DATA={os.environ.get('HFL_DATA')!r}, HFL_REQUIRE_DATA={os.environ.get('HFL_REQUIRE_DATA')!r})"
+        if REQUIRE_DATA:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
 
 
 def check_well_formed(ds: ImageDataset) -> None:
@@ -177,8 +197,8 @@ def test_unreadable_cache_is_rebuilt(tmp_path) -> None:
     assert load_dataset("mnist", str(root), str(cache)).train_x.shape[0] == 50
 
 
-@pytest.mark.skipif(not (SHARED / "mnist" / "MNIST" / "raw").is_dir(), reason="no offline MNIST copy on this machine")
 def test_real_mnist_from_shared_folder(tmp_path) -> None:
+    shared("mnist", "MNIST", "raw")
     cache = tmp_path / "cache"
     ds = load_dataset("mnist", str(SHARED), str(cache))
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
@@ -189,3 +209,39 @@ def test_real_mnist_from_shared_folder(tmp_path) -> None:
     again = load_dataset("mnist", str(SHARED), str(cache))
     assert cached.stat().st_mtime_ns == stamp, "the second load reads the cache, it does not rewrite it"
     assert torch.equal(again.train_x, ds.train_x)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision warns once per image
+def test_real_cifar10_jpeg_from_shared_folder(tmp_path) -> None:
+    """The dataset behind every RESULTS table: sizes, classes, images in the zip's order decoded as
+    PIL decodes them, the label counts, and the normalisation statistics."""
+    import io
+    import zipfile
+
+    from PIL import Image
+
+    from hfl.data import BatchTransform
+
+    archive = shared("cifar10_jpeg", "cifar10-jpeg.zip")
+    ds = load_dataset("cifar10_jpeg", str(SHARED), str(tmp_path / "cache"))
+    check_well_formed(ds)
+    assert ds.train_x.shape == (50000, 3, 32, 32) and ds.test_x.shape == (10000, 3, 32, 32)
+    assert (ds.num_classes, ds.in_channels, ds.image_size, ds.default_augment) == (10, 3, 32, "crop_flip")
+    assert ds.train_y.bincount().tolist() == [5000] * 10 and ds.test_y.bincount().tolist() == [1000] * 10
+    # Sorted by class (airplane ... truck), then by file number: the i-th image of a split is known.
+    with zipfile.ZipFile(archive) as zf:
+        for x, y, index, member in [(ds.train_x, ds.train_y, 0, "train/airplane/0000.jpg"),
+                                    (ds.train_x, ds.train_y, 5000 * 3 + 17, "train/cat/0017.jpg"),
+                                    (ds.train_x, ds.train_y, 49999, "train/truck/4999.jpg"),
+                                    (ds.test_x, ds.test_y, 9999, "test/truck/0999.jpg")]:
+            pil = np.asarray(Image.open(io.BytesIO(zf.read(member))).convert("RGB"))
+            assert torch.equal(x[index], torch.from_numpy(pil.copy()).permute(2, 0, 1)), member
+            assert int(y[index]) == index // (5000 if x is ds.train_x else 1000), member
+    # CIFAR-10's usual statistics, shifted a little by the JPEG encoding.
+    np.testing.assert_allclose(ds.mean, (0.49125, 0.48209, 0.44652), atol=1e-5)
+    np.testing.assert_allclose(ds.std, (0.24523, 0.24278, 0.26063), atol=1e-5)
+    np.testing.assert_allclose(ds.mean, (0.4914, 0.4822, 0.4465), atol=2e-3)
+    normalised = BatchTransform(ds.mean, ds.std, "none")(ds.test_x[:4], train=False)
+    expected = (ds.test_x[:4].double() / 255 - torch.tensor(ds.mean).view(1, 3, 1, 1)) / torch.tensor(ds.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(normalised, expected.float())

@@ -164,10 +164,32 @@ def test_fair_budget_run_respects_budgets_and_scores_every_exit(tmp_path):
     trained = [d for d in (3, 6, 9) if d <= max(depths)]
     exits = {3: "exit2", 6: "exit5", 9: "head"}
     assert set(last["exit_accuracy"]) == {exits[d] for d in trained}
-    assert 0 <= last["ensemble_accuracy"] <= 1
     assert set(summary["submodel_accuracy"]) == {f"depth{d}" for d in trained}
     # A prefix is scored at its deepest classifier: the global model's exit of the same block.
     assert summary["submodel_accuracy"]["depth3"] == pytest.approx(last["exit_accuracy"]["exit2"])
+
+
+def test_ensemble_accuracy_is_the_mean_of_the_exits_softmax_outputs(tmp_path):
+    """The reported ensemble equals DepthFL's prediction computed here from the final weights: the
+    argmax of the mean of the classifiers' softmax outputs. On this small run it differs from the
+    mean of the logits and from every single exit, so a wrong ensemble would show."""
+    config = small_config(method={"name": "depthfl"}, fl={"rounds": 2})
+    run_experiment(config, tmp_path)
+    last = read_metrics(tmp_path)[-1]
+    env = ClientEnvironment.from_config(config)
+    model = env.method.adapt_model(build_model("cnn", 1, 10))
+    model.load_state_dict(torch.load(tmp_path / "checkpoint.pt", weights_only=False)["global_state"])
+    with torch.no_grad():
+        outputs = model.eval().forward_exits(env.test_x)
+    y = env.test_y
+
+    def accuracy(scores):
+        return int((scores.argmax(1) == y).sum()) / len(y)
+
+    ensemble = accuracy(torch.stack([o.softmax(1) for o in outputs]).mean(0))
+    assert len(outputs) == 2 and last["ensemble_accuracy"] == pytest.approx(ensemble, abs=1e-12)
+    assert last["exit_accuracy"] == pytest.approx({"exit0": accuracy(outputs[0]), "head": accuracy(outputs[1])}, abs=1e-12)
+    assert ensemble != accuracy(torch.stack(outputs).mean(0)) and ensemble not in last["exit_accuracy"].values()
 
 
 def test_distillation_weight_follows_the_authors_ramp_only_when_asked():

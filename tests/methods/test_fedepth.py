@@ -169,14 +169,41 @@ def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch)
     assert not torch.equal(seen[first_of_stage_1][1], start["head.fc.weight"])  # carried over, not reset
 
 
-def test_surplus_clients_train_peers_and_upload_one_model():
+def test_surplus_clients_train_peers_and_upload_one_model(monkeypatch):
+    """The w2 tier trains a peer beside its model: the peer exists, its weights move, its logits
+    enter the loss (the distillation term), and only the model that started from the global
+    weights goes up."""
     config, env, tasks = env_and_tasks("mfedepth", "surplus")
     _ctx, task = tasks["w2"]
-    assert task.options.models >= 2
+    assert task.options.models >= 2 and task.peers == task.options.models - 1
+    method = env.method
+    seen = {}
+    original = method.objective
+
+    def spy(client, x, y):
+        if not seen:
+            seen["client"] = client
+            seen["peers_start"] = [{n: p.detach().clone() for n, p in peer.named_parameters()} for peer in client.peers]
+        terms = original(client, x, y)
+        seen.setdefault("distillation", []).append(float(terms.get("distillation", 0.0)))
+        return terms
+
+    monkeypatch.setattr(method, "objective", spy)
     start = initial_state(config, env).global_state
     update = env.train(start, task)
+    client = seen["client"]
+    assert len(client.peers) == task.peers >= 1
+    for peer, before in zip(client.peers, seen["peers_start"]):
+        assert any(not torch.equal(p, before[n]) for n, p in peer.named_parameters())  # trained
+        # a fresh initialisation, not a copy of the global model
+        assert not torch.equal(peer.state_dict()["head.fc.weight"], start["head.fc.weight"])
+    assert min(seen["distillation"]) > 0  # the peer's predictions are in the model's loss
     assert set(update.state) == set(start)  # one model's worth, the whole model
     assert update.metrics["bytes_up"] == update.metrics["bytes_down"]
+    model = client.model.state_dict()
+    for key, tensor in update.state.items():
+        assert torch.equal(tensor, model[key]), key  # the model that started from the global weights
+    assert not torch.equal(update.state["head.fc.weight"], client.peers[0].state_dict()["head.fc.weight"])
 
 
 def test_auxiliary_classifiers_variant_trains_the_exit_after_each_group(tmp_path):

@@ -9,37 +9,64 @@ from hfl.methods.heterofl import WidthOptions, scaled_conv_outputs
 from hfl.models import build_model
 from hfl.server import run_experiment, train_settings
 from hfl.types import RoundContext
-from tests.conftest import method_for, small_config
+from tests.conftest import (
+    assert_submodels_scored_on_final_weights,
+    method_for,
+    run_with_env,
+    small_config,
+)
 
 
 def numbers(out):
     return [(r["accuracy"], r["loss"], [c["train_loss"] for c in r["clients"]]) for r in read_metrics(out)]
 
 
-def test_heterofl_at_width_one_is_fedavg_bit_for_bit(tmp_path):
-    run_experiment(small_config(model={"norm": "bn"}), tmp_path / "avg")
-    run_experiment(small_config(model={"norm": "bn"}, method={"name": "heterofl", "widths": [1.0], "weighting": "samples"}), tmp_path / "hetero")
+def final_weights(out):
+    return torch.load(out / "checkpoint.pt", weights_only=False)["global_state"]
+
+
+def assert_same_weights(a, b):
+    assert set(a) == set(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize(("norm", "weighting"), [("bn", "samples"), ("static_bn", "clients")])
+def test_heterofl_at_width_one_is_fedavg_bit_for_bit(tmp_path, norm, weighting):
+    """On PreResNet-20 (batch norms in every block): with the same `model.norm` and the same
+    `method.weighting` on both sides, HeteroFL at rate 1 gives FedAvg's weights and metrics bit for
+    bit. ("static_bn", "clients") is HeteroFL's default against FedAvg set to match it."""
+    fl = {"rounds": 2}
+    run_experiment(small_config(model={"name": "preresnet20", "norm": norm}, method={"name": "fedavg", "weighting": weighting}, fl=fl),
+                   tmp_path / "avg")
+    hetero = {"name": "heterofl", "widths": [1.0]} | ({} if weighting == "clients" else {"weighting": weighting})
+    run_experiment(small_config(model={"name": "preresnet20"} | ({} if norm == "static_bn" else {"norm": norm}), method=hetero, fl=fl),
+                   tmp_path / "hetero")
     assert numbers(tmp_path / "hetero") == numbers(tmp_path / "avg")
+    assert_same_weights(final_weights(tmp_path / "hetero"), final_weights(tmp_path / "avg"))
 
 
 @pytest.mark.parametrize("method", ["heterofl", "fedrolex"])
-def test_budgets_are_respected_and_submodels_evaluated(tmp_path, method):
+def test_budgets_are_respected_and_submodels_evaluated(tmp_path, monkeypatch, method):
     config = small_config(method={"name": method}, model={"name": "preresnet20"}, budgets={"scenario": "fair"},
                           fl={"rounds": 2, "clients": 8, "fraction": 1.0})
-    summary = run_experiment(config, tmp_path)
+    summary, env, checkpoint = run_with_env(config, tmp_path, monkeypatch)
     assert summary["budget_violations"] == 0
     widths = {c["tier"]: c["submodel"]["width"] for r in read_metrics(tmp_path) for c in r["clients"]}
     assert widths["w1"] == 1.0 and widths["w1_6"] < widths["w1_3"] < widths["w1_2"] < 1.0
-    assert set(summary["submodel_accuracy"]) == {"x0.0625", "x0.125", "x0.25", "x0.5", "x1"}
-    assert summary["worst_submodel_accuracy"] == min(summary["submodel_accuracy"].values())
-    assert summary["worst_submodel_accuracy"] <= summary["mean_submodel_accuracy"] <= max(summary["submodel_accuracy"].values())
+    accuracy = summary["submodel_accuracy"]
+    assert set(accuracy) == {"x0.0625", "x0.125", "x0.25", "x0.5", "x1"}
+    # Each width is scored as its own sub-model (not the global model five times).
+    assert_submodels_scored_on_final_weights(summary, env, checkpoint)
+    assert accuracy["x1"] == summary["final_accuracy"] and len(set(accuracy.values())) > 1
 
 
-def fedrolex_windows(roll, rounds, width=0.25):
-    """The channels of block0 (Q = 32) a width-`width` FedRolex client holds in each of `rounds`."""
+def fedrolex_windows(roll, rounds, width=0.25, model="cnn", group_name="block0"):
+    """The channels of a coupled group (the cnn's block0: Q = 32) a width-`width` FedRolex client
+    holds in each of `rounds`."""
     config = small_config(method={"name": "fedrolex", "widths": [width], "roll": roll})
-    method = method_for(config.method)
-    group = next(g for g in method.model.channel_groups() if g.name == "block0")
+    method = method_for(config.method, model, in_channels=3, input_size=32) if model != "cnn" else method_for(config.method)
+    group = next(g for g in method.model.channel_groups() if g.name == group_name)
     key, dim = group.members[0]
     return [method.plan(RoundContext(r, 0, 0, 10, train_settings(config.fl, r)), MethodState()).spec.indices[key][dim].tolist()
             for r in rounds]
@@ -53,6 +80,19 @@ def test_fedrolex_window_follows_eq_8_and_9():
         assert held == [(start + k) % 32 for k in range(8)]  # Eq. 8, wrapping per Eq. 9
     covered = {c for window in windows for c in window}
     assert 31 in covered and 0 in covered
+
+
+def test_fedrolex_window_of_ceil_s_q_channels_rolls_and_wraps():
+    """PreResNet-20's first stage, Q = 16 at s = 1/6: sQ = 2.67, so the window holds ceil = 3
+    channels (floor would hold 2), rolling by one per round and wrapping past channel 15."""
+    rounds = (1, 2, 14, 15, 16, 17)
+    windows = fedrolex_windows("forward", rounds, width=1 / 6, model="preresnet20", group_name="stage1")
+    for r, held in zip(rounds, windows):
+        start = (r - 1) % 16
+        assert held == [(start + k) % 16 for k in range(3)], r  # Eq. 8, wrapping per Eq. 9
+    assert windows[3] == [14, 15, 0] and windows[5] == [0, 1, 2]
+    backward = fedrolex_windows("backward", (1, 2, 17), width=1 / 6, model="preresnet20", group_name="stage1")
+    assert backward == [torch.roll(torch.arange(16), r - 1)[:3].tolist() for r in (1, 2, 17)]
 
 
 def test_fedrolex_backward_roll_is_the_authors_torch_roll():

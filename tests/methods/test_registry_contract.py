@@ -5,7 +5,7 @@ import pytest
 
 from hfl.registry import METHODS
 from hfl.server import run_experiment
-from tests.conftest import small_config
+from tests.conftest import run_with_env, small_config
 
 TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox"}
 NEEDS_A_SERVER_SPLIT = {"feddf"}
@@ -14,12 +14,23 @@ SHORTER = {"feddf": {"distill_steps": 5}}  # seconds matter here; the method's o
 
 @pytest.mark.parametrize("model", ["cnn", "preresnet20"])
 @pytest.mark.parametrize("method", METHODS.names())
-def test_every_method_runs_two_rounds(tmp_path, method, model):
+def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
+    """Two rounds change the global weights, and the summary's final accuracy is the score of the
+    method's global model on the final checkpoint's weights."""
+    import torch
+
+    from hfl.evaluation import Evaluator
+    from hfl.server import initial_state
+
     data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
     config = small_config(method={"name": method, **SHORTER.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"}, data=data,
                           fl={"rounds": 2, "clients": 4, "fraction": 1.0})
-    summary = run_experiment(config, tmp_path)
-    assert summary["rounds"] == 2 and 0 <= summary["final_accuracy"] <= 1
+    summary, env, final = run_with_env(config, tmp_path, monkeypatch)
+    start = initial_state(config, env).global_state
+    assert summary["rounds"] == final["round"] == 2
+    assert any(not torch.equal(final["global_state"][k], start[k]) for k in start)
+    scored = Evaluator(env)(final["global_state"], env.method.global_model_spec(final["method_state"]))
+    assert summary["final_accuracy"] == scored["accuracy"] and summary["final_loss"] == scored["loss"]
     assert summary["client_rounds"] + summary["skipped_client_rounds"] == 8
     assert summary["client_rounds"] > 0
     if method not in TRAINS_THE_FULL_MODEL_REGARDLESS:

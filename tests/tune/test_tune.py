@@ -149,7 +149,8 @@ def test_trials_log_to_wandb_grouped_by_sweep(tmp_path):
 @pytest.fixture(scope="module")
 def ray_address():
     """One local Ray for the module (starting one takes ~10 s on 2 cores); sweeps join it."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
