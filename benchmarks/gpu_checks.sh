@@ -35,6 +35,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step memory 200 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
 step tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider
 step clients 180 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 5 --json "$OUT/clients.json" $RAY
-step throughput 60 "$PY" benchmarks/throughput.py --device cuda --repeats 1
+step throughput 120 "$PY" benchmarks/throughput.py --device cuda --repeats 1  # both drivers: fast and lightning
 
 echo "failed steps: ${failed[*]:-none}"

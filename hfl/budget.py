@@ -41,7 +41,10 @@ def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[st
     return sorted(rows.values(), key=lambda r: r["budget_bytes"] or 0)
 
 
-def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
+def block_rows(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
+    """Per body block: its channels, weights and saved activations, FeDepth's Table 1 unit (the
+    block's weights, gradients, optimiser state and saved activations) and the measured peak of
+    training it alone with the model resident, at the config's batch size."""
     accountant, batch = env.accountant, config.fl.batch_size
     model = env.method.model
     blocks = []
@@ -57,9 +60,14 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
             "block_training_bytes": block_params * (2 + OPTIMIZER_STATE_COPIES[accountant.optimizer]) + cost.activation_bytes,
             "peak_bytes": cost.peak_bytes,
         })
+    return blocks
+
+
+def width_rows(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
+    """What training the whole plain model costs at each of `REPORT_WIDTHS`, at the config's batch size."""
     widths = []
     for text in REPORT_WIDTHS:
-        cost = accountant.plain_cost(parse_width(text), batch)
+        cost = env.accountant.plain_cost(parse_width(text), config.fl.batch_size)
         widths.append({
             "width": text,
             "param_bytes": cost.param_bytes,
@@ -67,24 +75,33 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
             "peak_bytes": cost.peak_bytes,
             "train_flops_per_sample": cost.train_flops_per_sample,
         })
-    tier_list, budgets = assign_budgets(config, accountant, [len(p) for p in env.partitions])
+    return widths
+
+
+def tier_rows(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
+    """The budget tiers: their clients and the budgets their amounts resolve to."""
+    tier_list, budgets = assign_budgets(config, env.accountant, [len(p) for p in env.partitions])
     counts = Counter(b.tier for b in budgets if b is not None)
     tiers = []
     for tier in tier_list:
         first = next(b for b in budgets if b is not None and b.tier == tier.name)
         tiers.append({"tier": tier.name, "clients": counts[tier.name], "memory": tier.memory,
                       "memory_bytes": first.memory_bytes, "upload_bytes": first.upload_bytes, "flops": tier.flops})
+    return tiers
+
+
+def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
     return {
         "model": config.model.name,
         "model_width": config.model.width,
         "dataset": config.data.name,
-        "input_shape": list(accountant.input_shape),
-        "batch_size": batch,
-        "optimizer": accountant.optimizer,
-        "blocks": blocks,
-        "widths": widths,
+        "input_shape": list(env.accountant.input_shape),
+        "batch_size": config.fl.batch_size,
+        "optimizer": env.accountant.optimizer,
+        "blocks": block_rows(config, env),
+        "widths": width_rows(config, env),
         "scenario": config.budgets.scenario,
-        "tiers": tiers,
+        "tiers": tier_rows(config, env),
         "plans": tier_plans(config, env),
         **({"levels": ladder.rows(round_one(config, env, 0)), "levels_title": ladder.title} if (ladder := env.method.ladder) else {}),
     }
