@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hfl.accounting.memory import LiveStorageTracker
+from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,12 @@ class TrainingCost:
 
 
 def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | None = None) -> int:
-    """Bytes to transmit `tensors`; masked tensors send only their kept entries."""
+    """Bytes to transmit `tensors`; masked tensors send their kept entries and their positions in
+    the sparse storage their density calls for (`hfl.accounting.storage`)."""
     masks = masks or {}
     return sum(
-        (int(masks[k].sum()) if k in masks else t.numel()) * t.element_size() for k, t in tensors.items()
+        sparse_bytes(t.shape, int(masks[k].sum()), t.element_size()) if k in masks else t.numel() * t.element_size()
+        for k, t in tensors.items()
     )
 
 
