@@ -1,0 +1,126 @@
+"""Scaled activation pruning (FedMef §3.4): Conv2d and Linear layers whose forward is dense but whose
+copy of the input kept for backward holds only the top ⌊(1 − s)·numel⌋ entries by magnitude.
+
+The copy is stored compressed, values and int32 positions (int64 beyond 2³¹ entries), not as a
+dense tensor of zeros, so autograd's saved-tensor hooks, and with them hfl's accountant, see the
+smaller storage. In backward the weight gradient comes from the sparse copy; the input gradient
+needs only the weight and is exact.
+
+The saving is real only where nothing else keeps the dense input: a ReLU before the layer keeps its
+own output for its backward, so in a ReLU → Conv model that storage stays alive whatever the conv
+saves. Choosing the entries (their magnitudes) and rebuilding the dense copy in backward are
+transients of one layer's input, so the peak drops once several layers' inputs would be alive.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def kept_entries(numel: int, sparsity: float) -> int:
+    """⌊(1 − s)·numel⌋, the entries of an input SAP keeps for backward."""
+    return math.floor((1.0 - sparsity) * numel)
+
+
+def compress_top(x: Tensor, sparsity: float) -> tuple[Tensor, Tensor]:
+    """(values, flat positions) of the ⌊(1 − s)·numel⌋ entries of largest |x|."""
+    flat = x.detach().flatten()
+    positions = torch.topk(flat.abs(), kept_entries(flat.numel(), sparsity), sorted=False).indices
+    index_dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
+    return flat[positions], positions.to(index_dtype)
+
+
+def decompress(values: Tensor, positions: Tensor, shape: torch.Size) -> Tensor:
+    """The dense tensor of `shape` holding `values` at `positions` and zeros elsewhere."""
+    out = torch.zeros(shape.numel(), dtype=values.dtype, device=values.device)
+    out[positions.long()] = values
+    return out.view(shape)
+
+
+class _PrunedInputConv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv: nn.Conv2d, sparsity: float) -> Tensor:
+        values, positions = compress_top(x, sparsity)
+        ctx.save_for_backward(values, positions, weight)
+        ctx.shape, ctx.conv, ctx.has_bias = x.shape, conv, bias is not None
+        return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        values, positions, weight = ctx.saved_tensors
+        conv = ctx.conv
+        args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+        grad_x = torch.nn.grad.conv2d_input(ctx.shape, weight, grad_out, *args) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.nn.grad.conv2d_weight(decompress(values, positions, ctx.shape), weight.shape, grad_out, *args)
+        grad_b = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+class _PrunedInputLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, sparsity: float) -> Tensor:
+        values, positions = compress_top(x, sparsity)
+        ctx.save_for_backward(values, positions, weight)
+        ctx.shape, ctx.has_bias = x.shape, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        values, positions, weight = ctx.saved_tensors
+        grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            x = decompress(values, positions, ctx.shape)
+            grad_w = grad_out.reshape(-1, grad_out.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None
+
+
+class ActivationPrunedConv2d(nn.Conv2d):
+    """A Conv2d that keeps a top-k compressed copy of its input for backward (`sparsity` dropped)."""
+
+    activation_sparsity: float
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return super().forward(x)
+        return _PrunedInputConv2d.apply(x, self.weight, self.bias, self, self.activation_sparsity)
+
+
+class ActivationPrunedLinear(nn.Linear):
+    """A Linear that keeps a top-k compressed copy of its input for backward (`sparsity` dropped)."""
+
+    activation_sparsity: float
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return super().forward(x)
+        return _PrunedInputLinear.apply(x, self.weight, self.bias, self.activation_sparsity)
+
+
+_PRUNED = {nn.Conv2d: ActivationPrunedConv2d, nn.Linear: ActivationPrunedLinear}
+
+
+def prune_activations(model: nn.Module, sparsity: float) -> nn.Module:
+    """Switch every Conv2d and Linear of `model` (in place) to its activation-pruned twin, keeping
+    their parameters, state keys and hooks; returns `model`. Layers already switched take the new
+    `sparsity`."""
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"activation sparsity must lie in [0, 1), got {sparsity}")
+    for module in model.modules():
+        pruned = _PRUNED.get(type(module))
+        if pruned is ActivationPrunedConv2d and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
+            raise ValueError(f"scaled activation pruning needs numeric zero padding, got {module.padding_mode!r} / {module.padding!r}")
+        if pruned is not None:
+            # The class changes, the object stays: parents, parameters and hooks still point at it.
+            module.__class__ = pruned
+        if isinstance(module, tuple(_PRUNED.values())):
+            module.activation_sparsity = sparsity
+    return model
