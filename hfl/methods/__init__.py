@@ -29,3 +29,5 @@ METHODS.declare("fedepth", "hfl.methods.fedepth", paper="Zhang, Dai, Wang, Xing,
                 summary="every client trains the whole model depth-wise, in block groups that fit its budget")
 METHODS.declare("mfedepth", "hfl.methods.mfedepth", paper="Zhang, Dai, Wang, Xing, Chen and Sun, AAAI 2024 (arXiv:2303.04887)",
                 summary="FeDepth where budgets that hold several models train them with mutual distillation")
+METHODS.declare("flpqsu", "hfl.methods.flpqsu", paper="Xu, Hu, Zhu, Wu and Chen, IEEE Access 2021 (FedMef's FL-PQSU baseline)",
+                summary="one-shot L1 magnitude pruning of the initial model, then FedAvg with the mask fixed")

@@ -59,3 +59,15 @@ def random_masks(model: nn.Module, sparsity: float, generator: torch.Generator) 
         kept[torch.randperm(kept.numel(), generator=generator)[:count]] = True
         masks[key] = kept.view(shapes[key])
     return masks
+
+
+def magnitude_masks(state: Mapping[str, Tensor], keys: list[str], sparsity: float) -> dict[str, Tensor]:
+    """{key: bool mask} keeping, in each of `keys`, its ERK count of entries with the largest |θ|
+    (one-shot L1 magnitude pruning at overall `sparsity`); ties go to the earlier entry."""
+    counts = erk_counts({k: state[k].shape for k in keys}, sparsity)
+    masks = {}
+    for key, count in counts.items():
+        kept = torch.zeros(state[key].numel(), dtype=torch.bool)
+        kept[state[key].detach().abs().flatten().topk(count, sorted=False).indices] = True
+        masks[key] = kept.view(state[key].shape)
+    return masks

@@ -30,7 +30,7 @@ PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_
 REDUCED = ["data.name=digits", "model.name=preresnet20", "fl.clients=8", "fl.fraction=0.5", "fl.rounds=2",
            "fl.batch_size=16", "fl.local_epochs=1"]
 """The reduced form of an experiment (as tests/test_experiments.py runs ScaleFL's comparison)."""
-METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "fedepth", "fedprox", "fedrolex", "fjord", "heterofl", "mfedepth",
+METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "fedepth", "fedprox", "flpqsu", "fedrolex", "fjord", "heterofl", "mfedepth",
            "nefl", "scalefl", "splitmix")
 TIMINGS = ("wall_seconds", "seconds")
 
