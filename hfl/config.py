@@ -62,8 +62,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "cnn"
-    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, vit (6 blocks),
-    vit_tiny (12 blocks)."""
+    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, mobilenetv2
+    (CIFAR variant), vit (6 blocks), vit_tiny (12 blocks)."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
     norm: str = "auto"
