@@ -22,6 +22,7 @@ import hfl.models  # noqa: F401  (with hfl.data, these fill the registries whose
 from hfl.accounting.amounts import SCENARIOS, check_amount
 from hfl.data import default_cache_dir, default_data_root
 from hfl.errors import ConfigError, check, check_choice
+from hfl.models.base import NORMS
 from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS
 
 
@@ -62,13 +63,14 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "cnn"
-    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, vit (6 blocks),
-    vit_tiny (12 blocks)."""
+    """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, mobilenetv2
+    (CIFAR variant), vit (6 blocks), vit_tiny (12 blocks)."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
     norm: str = "auto"
-    """Normalisation: bn (running statistics), static_bn (batch statistics only, as in HeteroFL), or
-    auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
+    """Normalisation: bn (running statistics), static_bn (batch statistics only, as in HeteroFL), none
+    (no normalisation layers, ReLU -> conv, as FedMef's NSConv models; not for the ViT, whose layer
+    norms stay), or auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
     pretrained: str = ""
     """torchvision's ImageNet weights to start resnet18/resnet34 from (NeFL's pre-trained runs): the
     `.pth` file, or a folder holding `resnet18-f37072fd.pth` / `resnet34-b627a593.pth` (torch's hub
@@ -79,11 +81,12 @@ class ModelConfig:
 
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
-        check_choice("norm", self.norm, ("auto", "bn", "static_bn"))
+        check_choice("norm", self.norm, ("auto", *NORMS))
         if self.pretrained:
             check(self.name in TORCHVISION_FILES, "pretrained", self.pretrained,
                   f"empty unless name is one of {', '.join(TORCHVISION_FILES)} (name is {self.name})")
             check(self.width == 1, "width", self.width, "1 when pretrained is set (the weights are full width)")
+            check(self.norm != "none", "norm", self.norm, "auto, bn or static_bn when pretrained is set (the weights hold batch norms)")
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ class Evaluator:
 
     def _model(self, spec: SubmodelSpec) -> nn.Module:
         if spec.shape not in self._models:
-            # Running statistics always exist at evaluation: loaded, or recomputed for static BN.
-            self._models[spec.shape] = self.env.method.client_model(spec, norm="bn").to(self.env.device)
+            # Static BN is evaluated with running statistics (recomputed below); other norms as trained.
+            norm = "bn" if self.static_bn else None
+            self._models[spec.shape] = self.env.method.client_model(spec, norm=norm).to(self.env.device)
         return self._models[spec.shape]
 
     def _train_inputs(self) -> Iterator[Tensor]:

@@ -1,6 +1,6 @@
 """Models that declare their blocks, coupled channel groups and exit points."""
 
-from hfl.models import cnn, resnet, vit  # noqa: F401  (registers the models)
+from hfl.models import cnn, mobilenetv2, resnet, vit  # noqa: F401  (registers the models)
 from hfl.models.base import (
     Block,
     ChannelGroup,

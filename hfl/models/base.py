@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-NORMS = ("bn", "static_bn")
+NORMS = ("bn", "static_bn", "none")
+"""Normalisation kinds `make_norm` builds: batch norm with running statistics, batch norm with batch
+statistics only (HeteroFL's static BN), or none (an identity: FedMef's NSConv models, ReLU -> conv)."""
 
 
 def scaled_channels(base: int, width: float) -> int:
@@ -328,11 +330,21 @@ class ScalableModel(nn.Module):
 
 
 def make_norm(model: ScalableModel, channels: int, norm: str, group: str) -> nn.Module:
-    """A 2-d normalisation layer coupled to `group`; 'static_bn' keeps no running statistics."""
+    """A 2-d normalisation layer coupled to `group`; 'static_bn' keeps no running statistics and
+    'none' is an identity, with nothing in the state dict."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if norm == "none":
+        return nn.Identity()
     layer = nn.BatchNorm2d(channels, track_running_stats=norm == "bn")
     return model.couple(layer, None, group)
+
+
+def relu_after_norm(norm: str) -> nn.ReLU:
+    """A ReLU applied to the output of a `make_norm(..., norm, ...)` layer: in place, except with
+    norm 'none', whose identity would hand the ReLU its own input to overwrite (a residual stream,
+    or features an early exit reads too)."""
+    return nn.ReLU(inplace=norm != "none")
 
 
 class ClassifierHead(nn.Module):
@@ -341,7 +353,7 @@ class ClassifierHead(nn.Module):
     def __init__(self, model: ScalableModel, group: str, channels: int, num_classes: int, norm: str | None) -> None:
         super().__init__()
         self.norm = make_norm(model, channels, norm, group) if norm else nn.Identity()
-        self.act = nn.ReLU(inplace=True) if norm else nn.Identity()
+        self.act = relu_after_norm(norm) if norm else nn.Identity()
         self.fc = model.couple(nn.Linear(channels, num_classes), group, None)
 
     def forward(self, h: Tensor) -> Tensor:

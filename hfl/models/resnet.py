@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from hfl.models.base import ClassifierHead, ResidualBlock, ScalableModel, make_norm
+from hfl.models.base import (
+    ClassifierHead,
+    ResidualBlock,
+    ScalableModel,
+    make_norm,
+    relu_after_norm,
+)
 from hfl.registry import MODELS
 
 CIFAR_CHANNELS = (16, 32, 64)
@@ -88,7 +94,7 @@ class PreActBlock(ResidualBlock):
         self.conv1 = model.couple(conv3x3(cin, inner, stride), gin, ginner)
         self.bn2 = make_norm(model, inner, norm, ginner)
         self.conv2 = model.couple(conv3x3(inner, cout), ginner, gout)
-        self.act = nn.ReLU(inplace=True)
+        self.act = relu_after_norm(norm)
         self.shortcut: nn.Module | None = None
         if stride != 1 or gin != gout:
             self.shortcut = model.couple(conv1x1(cin, cout, stride), gin, gout)

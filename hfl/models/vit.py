@@ -27,8 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.models.base import NORMS, ResidualBlock, ScalableModel, scaled_channels
+from hfl.errors import ConfigError
+from hfl.models.base import ResidualBlock, ScalableModel, scaled_channels
 from hfl.registry import MODELS
+
+BATCH_NORMS = ("bn", "static_bn")
+"""The `norm` values the ViT accepts: batch-norm kinds, which its layer norms leave unchanged."""
 
 
 class PositionEmbedding(nn.Module):
@@ -159,7 +163,7 @@ class ViT(ScalableModel):
     """Patch embedding + position embedding, `depth` pre-norm encoder blocks, token mean + LayerNorm + linear.
 
     `norm` is accepted for the common builder signature: the ViT normalises with LayerNorm, which
-    keeps no running statistics, so 'bn' and 'static_bn' build the same model. The position
+    keeps no running statistics, so 'bn' and 'static_bn' build the same model ('none' is refused). The position
     embedding is learned for `image_size` inputs and resampled for others."""
 
     def __init__(
@@ -176,8 +180,9 @@ class ViT(ScalableModel):
         image_size: int = 32,
     ) -> None:
         super().__init__(width, num_classes, norm, head_norm=False)
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if norm not in BATCH_NORMS:
+            # The layer norms are part of the architecture: 'none' removes batch norm, which the ViT has none of.
+            raise ConfigError("model.norm", norm, f"one of {', '.join(BATCH_NORMS)} for the ViT (they build the same model)")
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
         if not 1 <= patch_size <= image_size:

@@ -7,7 +7,7 @@ from hfl.models import build_model
 from hfl.models.exits import add_exits
 from hfl.submodel import extract, full_spec, shape_model, truncate, width_spec
 
-SHAPES = {"cnn": (1, 8, 8), "preresnet20": (3, 16, 16), "resnet18": (3, 16, 16)}
+SHAPES = {"cnn": (1, 8, 8), "preresnet20": (3, 16, 16), "resnet18": (3, 16, 16), "mobilenetv2": (3, 16, 16)}
 
 
 def with_exits(name, width=1.0, kind="linear"):

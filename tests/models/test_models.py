@@ -14,7 +14,7 @@ WIDTHS = (1.0, 0.5, 0.1667)
 INPUTS = ((1, 8, 8), (3, 32, 32))  # scikit-learn digits, CIFAR
 NUM_CLASSES = 10
 
-EXPECTED_BLOCKS = {"cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54}
+EXPECTED_BLOCKS = {"cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54, "mobilenetv2": 18}
 
 # Exact parameter counts (3 input channels, 10 classes, width 1), next to the published sizes.
 # ResNet-56/110 use 1x1 conv + BN projections (option B), 2,752 parameters more than the

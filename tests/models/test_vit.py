@@ -111,9 +111,11 @@ def test_every_encoder_block_is_droppable() -> None:
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
-def test_norm_must_be_a_known_kind() -> None:
-    with pytest.raises(ValueError, match="norm must be"):
-        small(norm="layer")
+@pytest.mark.parametrize("norm", ["layer", "none"])
+def test_norm_must_be_a_batch_norm_kind(norm: str) -> None:
+    """'none' too: it removes batch norm, and the ViT's layer norms are part of its architecture."""
+    with pytest.raises(ValueError, match="model.norm=.*one of bn, static_bn"):
+        small(norm=norm)
 
 
 def test_training_cost_counts_every_matmul() -> None:

@@ -13,7 +13,7 @@ from hfl.submodel import (
     width_spec,
 )
 
-MODELS = ["cnn", "preresnet20", "resnet18"]
+MODELS = ["cnn", "preresnet20", "resnet18", "mobilenetv2"]
 
 
 def randomised(model):
