@@ -173,6 +173,9 @@ class NeFL(Method):
     def __init__(self, config: NeFLConfig, resources: Resources) -> None:
         super().__init__(config, resources)
         self.residual = any(isinstance(b, ResidualBlock) for b in self.model.body)
+        if self.residual and not all(isinstance(b, ResidualBlock) for b in self.model.body):
+            raise ConfigError("model.name", type(self.model).__name__.lower(), "a model whose body blocks are all residual for nefl "
+                              "(resnet18, preresnet20, resnet56, resnet110, vit) or none of them (cnn): step sizes scale residual branches")
         if config.scaling == "d" and not self.residual:
             raise ConfigError("method.scaling", "d", f"'w' or 'wd': {type(self.model).__name__} has no residual blocks to omit")
         self.total_params = held_parameters(self.model, SubmodelSpec())

@@ -255,3 +255,9 @@ def test_per_stage_omission_keeps_the_same_leading_blocks_of_every_stage_as_tabl
     assert all(abs(sub.params / method.total_params - sub.gamma) < 0.01 for sub in method.submodels_)
     by_params = [sub.omitted for sub in nefl("resnet56", scaling="wd")[0].submodels_]
     assert not all(later <= earlier for earlier, later in pairwise(by_params))
+
+
+def test_a_model_with_some_non_residual_blocks_is_a_config_error():
+    """MobileNetV2's stage openers have no shortcut: NeFL's step sizes have no branch to scale there."""
+    with pytest.raises(ConfigError, match="model.name=.*all residual"):
+        nefl("mobilenetv2")
