@@ -19,7 +19,7 @@ REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 
 def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int) -> RoundContext:
     fl = config.fl
-    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
+    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr)
     return RoundContext(1, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
 
 

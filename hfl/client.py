@@ -134,7 +134,8 @@ class ClientModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for model in (self.model, *self.peers) for p in model.parameters() if p.requires_grad]
-        return client_optimizer(params, self.task.ctx.train)
+        self.optimizer = client_optimizer(params, self.task.ctx.train)
+        return self.optimizer
 
     def mean_loss(self) -> float:
         return float(self.loss_sum) / max(self.steps, 1)
@@ -198,6 +199,7 @@ def train_client(
         for stage, trainable in enumerate(task.stages):
             module.enter_stage(stage, trainable)
             DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
+        extras = method.client_uploads(module, batches)
     measured_peak = None
     if device.type == "cuda":
         resident = sum(t.numel() * t.element_size() for t in state_tensors(model))
@@ -207,7 +209,7 @@ def train_client(
     held = task.spec
     if task.present_classes_only and classes is not None:
         held = hold_rows(held, trained, model.classifier_keys(), classes.cpu())
-    return client_update(task, received, trained, module.mean_loss(), measured_peak, time.perf_counter() - start, held)
+    return client_update(task, received, trained, module.mean_loss(), measured_peak, time.perf_counter() - start, held, extras)
 
 
 def client_update(
@@ -218,30 +220,33 @@ def client_update(
     measured_peak: int | None,
     seconds: float,
     held: SubmodelSpec | None = None,
+    extras: StateDict | None = None,
 ) -> ClientUpdate:
     """What a client sends back: the tensors of `trained` it uploads, and the client-round's metrics;
-    `held`: the task's spec narrowed to what the update covers (default: the task's spec)."""
+    `held`: the task's spec narrowed to what the update covers (default: the task's spec);
+    `extras`: the method's `client_uploads`, sent (and counted) beside the weights."""
     spec = task.spec
     held = held or spec
     sent = {k: trained[k].detach().clone() for k in uploaded_keys(trained, spec)}
+    extras = extras or {}
     metrics = {
         "id": task.ctx.client_id,
         "num_samples": task.ctx.num_samples,
         "train_loss": train_loss,
         "bytes_down": tensor_bytes(received, spec.masks),
-        "bytes_up": tensor_bytes(sent, held.masks),
+        "bytes_up": tensor_bytes(sent, held.masks) + tensor_bytes(extras),
         "measured_peak_bytes": measured_peak,
         "submodel": spec.describe(),
         "seconds": seconds,
     }
-    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), held, metrics, task.level)
+    return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), held, metrics, task.level, extras)
 
 
 def trains_together(method: Method, task: ClientTask) -> bool:
     """Whether `task` can train vectorised beside others of its shape: its loss is the default
     objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
-    peers, no masks, nothing narrowed by the client's labels)."""
-    default = type(method).objective is Method.objective and task.stages == (None,)
+    peers, no masks, nothing narrowed by the client's labels, nothing uploaded beside the weights)."""
+    default = type(method).objective is Method.objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
     return default and not task.spec.masks and not task.peers and not task.present_classes_only
 
 

@@ -37,7 +37,7 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
 
 
 def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
-    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer)
+    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr)
 
 
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,9 @@ class TrainSettings:
     local_epochs: int
     batch_size: int
     optimizer: str = "sgd"
+    initial_lr: float | None = None
+    """The schedule's rate at round 1 (η₀, for rates relative to it: FedMef's budgeted rate); None:
+    this round's `lr`."""
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,6 @@ class ClientUpdate:
     metrics: dict[str, Any]
     level: str | None = None
     """The task's ladder level."""
+    extras: StateDict = field(default_factory=dict)
+    """Tensors the method's `client_uploads` sent beside the weights (FedTiny's top-k gradients of
+    pruned entries), counted in the client-round's bytes_up."""

@@ -31,3 +31,5 @@ METHODS.declare("mfedepth", "hfl.methods.mfedepth", paper="Zhang, Dai, Wang, Xin
                 summary="FeDepth where budgets that hold several models train them with mutual distillation")
 METHODS.declare("flpqsu", "hfl.methods.flpqsu", paper="Xu, Hu, Zhu, Wu and Chen, IEEE Access 2021 (FedMef's FL-PQSU baseline)",
                 summary="one-shot L1 magnitude pruning of the initial model, then FedAvg with the mask fixed")
+METHODS.declare("fedtiny", "hfl.methods.fedtiny", paper="Huang et al., ICDCS 2023 (arXiv:2212.01977), as FedMef compares with it",
+                summary="dynamic sparse training: the server drops the smallest weights and grows pruned ones by clients' top-k gradients")

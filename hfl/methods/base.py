@@ -8,7 +8,13 @@ A method is a subclass of `Method` with a `Config` dataclass. The members a meth
 - its models: `adapt_model` (exits, a norm per width, applied to every model built),
   `client_model` (a client's model from a spec, when it is more than the adapted model shaped by the
   spec), `initial_global_state` (when the global state holds more than one model);
-- `training_cost`, when a task costs more than one cross-entropy step of its spec's model.
+- `training_cost`, when a task costs more than one cross-entropy step of its spec's model;
+- `client_uploads`, when a client sends more than its trained weights (FedTiny's and FedMef's top-k
+  gradients of pruned entries): tensors computed at the end of the client's training that travel in
+  `ClientUpdate.extras`, are counted in its bytes_up, and reach `aggregate` with the update.
+
+An objective may also set the learning rate of the step it computes the loss for, through
+`client.optimizer` (FedMef's budgeted rate): the client steps that optimiser right after.
 
 Methods whose clients train one of several sub-models set `self.ladder` (`hfl.submodel.ladder`),
 which plans, fits budgets, records trained levels and names what is evaluated; they then need no
@@ -18,7 +24,7 @@ with the model) and `preferred_norm`; `MethodConfig.weighting` says how the mask
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
@@ -116,6 +122,8 @@ class Client(Protocol):
     """The labels present in the client's data."""
     initial: Mapping[str, Tensor]
     """The trainable weights the client started the round with."""
+    optimizer: torch.optim.Optimizer
+    """The running stage's optimiser; it steps right after the objective's loss is backpropagated."""
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]: ...
 
@@ -159,6 +167,11 @@ class Method:
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """The client loss for one batch: a dict with `loss` plus any terms worth logging."""
         return {"loss": F.cross_entropy(client.model(x), y)}
+
+    def client_uploads(self, client: Client, batches: Iterable[tuple[Tensor, Tensor]]) -> StateDict:
+        """Tensors the client sends beside its trained weights, computed after its training
+        (`batches`: its data, in a fresh order); they arrive in `ClientUpdate.extras`."""
+        return {}
 
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:
         if self.config.weighting == "clients":
