@@ -1,5 +1,5 @@
-"""FedTiny — Huang, Zhang, Xu, Wang and Lu, "Distributed Pruning Towards Tiny Neural Networks in
-Federated Learning", ICDCS 2023 — as FedMef's comparison runs it (Bai et al., CVPR 2024, Algorithm 1
+"""FedTiny — Huang et al., "Distributed Pruning Towards Tiny Neural Networks in Federated Learning",
+ICDCS 2023 — as FedMef's comparison runs it (Huang, Zhuang, Chen and Lyu, CVPR 2024: Algorithm 1
 without budget-aware extrusion and scaled activation pruning): dynamic sparse training with the
 mask kept and adjusted by the server.
 
