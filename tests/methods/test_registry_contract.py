@@ -7,9 +7,10 @@ from hfl.registry import METHODS
 from hfl.server import run_experiment
 from tests.conftest import run_with_env, small_config
 
-TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "flpqsu"}
+TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "flpqsu", "fedtiny", "fedmef"}
 NEEDS_A_SERVER_SPLIT = {"feddf"}
 SHORTER = {"feddf": {"distill_steps": 5}}  # seconds matter here; the method's own tests cover its defaults
+ADJUSTING = {"fedtiny": {"adjust_every": 1}, "fedmef": {"adjust_every": 1}}  # both rounds change the mask (and resume must keep it)
 
 
 @pytest.mark.parametrize("model", ["cnn", "preresnet20"])
@@ -23,7 +24,7 @@ def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
     from hfl.server import initial_state
 
     data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
-    config = small_config(method={"name": method, **SHORTER.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"}, data=data,
+    config = small_config(method={"name": method, **SHORTER.get(method, {}), **ADJUSTING.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"}, data=data,
                           fl={"rounds": 2, "clients": 4, "fraction": 1.0})
     summary, env, final = run_with_env(config, tmp_path, monkeypatch)
     start = initial_state(config, env).global_state
@@ -39,7 +40,7 @@ def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
 
 def fair_config(method, rounds=2, model="preresnet20"):
     data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
-    return small_config(method={"name": method, **SHORTER.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"},
+    return small_config(method={"name": method, **SHORTER.get(method, {}), **ADJUSTING.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"},
                         data=data, fl={"rounds": rounds, "clients": 4, "fraction": 1.0})
 
 

@@ -1,0 +1,119 @@
+"""FedMef: budget-aware extrusion's surrogate term and learning rate by hand, and scaled activation
+pruning's lower peak memory (a budget FedTiny breaks, FedMef keeps) on CIFAR-shaped inputs."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from hfl.backends.base import ClientEnvironment
+from hfl.client import ClientBatches, train_client
+from hfl.methods.fedtiny import Adjustment
+from hfl.server import initial_state, train_settings
+from hfl.types import ClientTask, RoundContext, TrainSettings
+from tests.conftest import method_for, small_config
+
+
+def adjustment_task(method, num_samples, settings, round_=1):
+    state = method.init_state()
+    ctx = RoundContext(round_, 0, 0, num_samples, settings)
+    task = method.plan(ctx, state)
+    assert isinstance(task.options, Adjustment)
+    return task
+
+
+def smallest_kept_squares(weights, masks, counts):
+    """Σ over layers of the ξ smallest squared kept weights, by sorting."""
+    total = 0.0
+    for key, mask in masks.items():
+        kept = weights[key].detach().flatten()[mask.flatten()].abs().sort().values
+        total += float((kept[: counts[key]] ** 2).sum())
+    return total
+
+
+def test_surrogate_term_is_lambda_times_the_smallest_kept_weights_squared():
+    method = method_for({"name": "fedmef", "bae_lambda": 0.5, "adjust_every": 1}, "cnn", input_size=8)
+    task = adjustment_task(method, 4, TrainSettings(0.1, 0.0, 0.0, 1, 4))
+    model = method.client_model(task.spec)
+    model.load_state_dict(method.initial_global_state())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    client = type("Client", (), {"model": model, "task": task, "steps": 0, "optimizer": optimizer})()
+    terms = method.objective(client, x, y)
+    by_hand = smallest_kept_squares(dict(model.named_parameters()), task.spec.masks, task.options.counts)
+    assert by_hand > 0
+    assert math.isclose(float(terms["extrusion"]), by_hand, rel_tol=1e-5)
+    assert math.isclose(float(terms["loss"].detach() - F.cross_entropy(model(x), y).detach()), 0.5 * by_hand, rel_tol=1e-4)
+
+
+def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch):
+    """μ_t = max(η, p(t)(2σ(‖θ_low‖) − 1)η₀) with p(t) = (2T − 2t)/(2T − t), at every step t of a client
+    trained by the real client loop (T = 3 batches); outside adjustment rounds the rate is η."""
+    method = method_for({"name": "fedmef", "adjust_every": 2}, "cnn", input_size=8)
+    lr, initial_lr = 0.001, 0.5
+    settings = TrainSettings(lr, 0.0, 0.0, 1, 4, "sgd", initial_lr)
+    used, norms = [], []
+    step = torch.optim.SGD.step
+
+    def recording_step(self, *args, **kwargs):
+        used.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    objective = type(method).objective
+
+    def recording_objective(self, client, x, y):
+        terms = objective(self, client, x, y)
+        norms.append(math.sqrt(float(terms["extrusion"])) if "extrusion" in terms else None)
+        return terms
+
+    monkeypatch.setattr(torch.optim.SGD, "step", recording_step)
+    monkeypatch.setattr(type(method), "objective", recording_objective)
+    x, y = torch.randn(12, 1, 8, 8), torch.arange(12) % 10
+    for round_ in (2, 1):
+        ctx = RoundContext(round_, 0, 0, 12, settings)
+        task = method.plan(ctx, method.init_state())
+        batches = ClientBatches(x, y, torch.arange(12), 4, None, torch.Generator().manual_seed(0))
+        train_client(method.client_model(task.spec), method, task, method.initial_global_state(), batches)
+    T = 3
+    for t in range(T):
+        p = (2 * T - 2 * t) / (2 * T - t)
+        beta = p * (2 / (1 + math.exp(-norms[t])) - 1) * initial_lr
+        assert math.isclose(used[t], max(lr, beta), rel_tol=1e-9), t
+    assert used[0] > lr  # the budgeted rate took over
+    assert used[T:] == [lr] * T and norms[T:] == [None] * T  # round 1 adjusts nothing
+
+
+def cifar_config(method, memory=None):
+    budgets = {"scenario": "tiers", "memory": [str(memory)]} if memory else {}
+    return small_config(method={"name": method}, model={"name": "cnn"}, data={"name": "synthetic", "partition": "iid"},
+                        budgets=budgets, fl={"rounds": 1, "clients": 20, "fraction": 0.1})
+
+
+def estimated_peak(method):
+    config = cifar_config(method)
+    env = ClientEnvironment.from_config(config)
+    assert env.data.train_x.shape[1:] == (3, 32, 32)
+    ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1))
+    task = env.method.plan(ctx, env.method.init_state())
+    return env.method.training_cost(task, min(config.fl.batch_size, ctx.num_samples)).peak_bytes
+
+
+def test_activation_pruning_keeps_a_budget_that_fedtiny_breaks(tmp_path):
+    from hfl.server import run_experiment
+
+    fedtiny, fedmef = estimated_peak("fedtiny"), estimated_peak("fedmef")
+    assert fedmef < fedtiny
+    budget = (fedmef + fedtiny) // 2
+    tiny = run_experiment(cifar_config("fedtiny", budget), tmp_path / "fedtiny")
+    mef = run_experiment(cifar_config("fedmef", budget), tmp_path / "fedmef")
+    assert tiny["client_rounds"] == mef["client_rounds"] == 2
+    assert tiny["budget_violations"] == 2 and mef["budget_violations"] == 0
+    assert mef["max_estimated_peak_bytes"] == fedmef
+
+
+def test_first_round_state_is_the_masked_initial_model():
+    config = cifar_config("fedmef")
+    env = ClientEnvironment.from_config(config)
+    weights, state = initial_state(config, env).global_state, env.method.init_state()
+    for key, mask in state.masks.items():
+        assert not weights[key][~mask].any() and weights[key][mask].all(), key
