@@ -10,7 +10,7 @@ from hfl.backends.base import ClientEnvironment
 from hfl.client import ClientBatches, train_client
 from hfl.methods.fedtiny import Adjustment
 from hfl.server import initial_state, train_settings
-from hfl.types import ClientTask, RoundContext, TrainSettings
+from hfl.types import RoundContext, TrainSettings
 from tests.conftest import method_for, small_config
 
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from hfl.accounting.cost import tensor_bytes
-from hfl.methods.fedtiny import POSITIONS, VALUES, FedTiny, SparseTrainingState, averaged_gradients
+from hfl.methods.fedtiny import (
+    POSITIONS,
+    VALUES,
+    FedTiny,
+    SparseTrainingState,
+    averaged_gradients,
+)
 from hfl.pruning.masks import erk_counts
 from hfl.types import ClientUpdate, RoundContext, TrainSettings
 from tests.conftest import method_for, run_with_env, small_config
@@ -62,7 +68,7 @@ def test_server_grows_the_largest_averaged_gradients_weighted_by_samples():
 
     def update(weight, value_a, value_b):
         extras = {}
-        for k, m in state.masks.items():
+        for k in state.masks:
             if k == key:
                 extras[k + VALUES], extras[k + POSITIONS] = torch.tensor([value_a, value_b]), torch.tensor([a, b], dtype=torch.int32)
             else:
