@@ -29,3 +29,5 @@ LEVEL_STREAM = 2**31 - 8
 """Levels of clients without a budget (ScaleFL)."""
 BASE_ORDER_STREAM = 2**31 - 9
 """Each round's order of SplitMix's base models (which base each client trains first)."""
+MASK_STREAM = 2**31 - 10
+"""Random initial sparsity masks (FedDST)."""

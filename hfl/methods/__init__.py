@@ -31,3 +31,5 @@ METHODS.declare("mfedepth", "hfl.methods.mfedepth", paper="Zhang, Dai, Wang, Xin
                 summary="FeDepth where budgets that hold several models train them with mutual distillation")
 METHODS.declare("flpqsu", "hfl.methods.flpqsu", paper="Xu, Hu, Zhu, Wu and Chen, IEEE Access 2021 (FedMef's FL-PQSU baseline)",
                 summary="one-shot L1 magnitude pruning of the initial model, then FedAvg with the mask fixed")
+METHODS.declare("feddst", "hfl.methods.feddst", paper="Bibikar, Vikalo, Wang and Chen, AAAI 2022 (arXiv:2112.09824)",
+                summary="sparse clients prune and regrow their own masks mid-round; the server averages holders, re-prunes the union")

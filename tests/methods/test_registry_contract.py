@@ -7,7 +7,7 @@ from hfl.registry import METHODS
 from hfl.server import run_experiment
 from tests.conftest import run_with_env, small_config
 
-TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "flpqsu"}
+TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "feddst", "flpqsu"}
 NEEDS_A_SERVER_SPLIT = {"feddf"}
 SHORTER = {"feddf": {"distill_steps": 5}}  # seconds matter here; the method's own tests cover its defaults
 
