@@ -13,7 +13,8 @@ launch for all of them, which is what fills a GPU when each client's model is sm
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from types import SimpleNamespace
 
@@ -94,6 +95,9 @@ class ClientModule(L.LightningModule):
         self.classes = classes
         """The labels present in this client's data (for objectives that mask the others)."""
         self.masks = {k: m.to(self.device_of_model()) for k, m in task.spec.masks.items()}
+        """The element masks enforced after every optimiser step (the task's, until `replace_masks`)."""
+        self.replaced_masks: dict[str, Tensor] = {}
+        """Masks an objective replaced during the round; the update holds these instead of the task's."""
         self.loss_sum = torch.zeros((), device=self.device_of_model())
         self.steps = 0
 
@@ -123,6 +127,15 @@ class ClientModule(L.LightningModule):
         self.loss_sum += terms["loss"].detach()  # summed on the device: no sync per step
         self.steps += 1
         return terms["loss"]
+
+    def replace_masks(self, masks: Mapping[str, Tensor]) -> None:
+        """Enforce `masks` instead of the current ones from this step's end on, and send the update
+        with them: the hook through which a client changes its own sparsity pattern mid-round (FedDST's
+        readjustment). Entries newly masked are zeroed after the optimiser step; newly unmasked ones
+        are zero when the step starts, since they were masked until then."""
+        for key, mask in masks.items():
+            self.masks[key] = mask.to(self.device_of_model())
+            self.replaced_masks[key] = mask.detach().cpu()
 
     def on_train_batch_end(self, *args: object) -> None:
         if self.masks:  # pruned entries stay zero
@@ -207,6 +220,8 @@ def train_client(
     model.zero_grad(set_to_none=True)
     trained = model.state_dict()
     held = task.spec
+    if module.replaced_masks:
+        held = replace(held, masks={**held.masks, **module.replaced_masks})
     if task.present_classes_only and classes is not None:
         held = hold_rows(held, trained, model.classifier_keys(), classes.cpu())
     return client_update(task, received, trained, module.mean_loss(), measured_peak, time.perf_counter() - start, held, extras)

@@ -30,4 +30,4 @@ LEVEL_STREAM = 2**31 - 8
 BASE_ORDER_STREAM = 2**31 - 9
 """Each round's order of SplitMix's base models (which base each client trains first)."""
 MASK_STREAM = 2**31 - 10
-"""The random initial mask of dynamic sparse training (FedTiny, FedMef)."""
+"""The random initial mask of dynamic sparse training (FedTiny, FedMef, FedDST)."""

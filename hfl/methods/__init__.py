@@ -35,3 +35,5 @@ METHODS.declare("fedtiny", "hfl.methods.fedtiny", paper="Huang et al., ICDCS 202
                 summary="dynamic sparse training: the server drops the smallest weights and grows pruned ones by clients' top-k gradients")
 METHODS.declare("fedmef", "hfl.methods.fedmef", paper="Huang, Zhuang, Chen and Lyu, CVPR 2024",
                 summary="FedTiny with budget-aware extrusion of the weights to drop and scaled activation pruning")
+METHODS.declare("feddst", "hfl.methods.feddst", paper="Bibikar, Vikalo, Wang and Chen, AAAI 2022 (arXiv:2112.09824)",
+                summary="sparse clients prune and regrow their own masks mid-round; the server averages holders, re-prunes the union")

@@ -124,8 +124,14 @@ class Client(Protocol):
     """The trainable weights the client started the round with."""
     optimizer: torch.optim.Optimizer
     """The running stage's optimiser; it steps right after the objective's loss is backpropagated."""
+    masks: Mapping[str, Tensor]
+    """The element masks enforced after every optimiser step, on the model's device."""
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]: ...
+
+    def replace_masks(self, masks: Mapping[str, Tensor]) -> None:
+        """Enforce `masks` from this step's end on; the update is sent with them (FedDST)."""
+        ...
 
 
 class Method:

@@ -30,8 +30,8 @@ PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_
 REDUCED = ["data.name=digits", "model.name=preresnet20", "fl.clients=8", "fl.fraction=0.5", "fl.rounds=2",
            "fl.batch_size=16", "fl.local_epochs=1"]
 """The reduced form of an experiment (as tests/test_experiments.py runs ScaleFL's comparison)."""
-METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "fedepth", "fedmef", "fedprox", "fedtiny", "flpqsu", "fedrolex", "fjord", "heterofl",
-           "mfedepth", "nefl", "scalefl", "splitmix")
+METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "feddst", "fedepth", "fedmef", "fedprox", "fedtiny", "flpqsu", "fedrolex", "fjord",
+           "heterofl", "mfedepth", "nefl", "scalefl", "splitmix")
 TIMINGS = ("wall_seconds", "seconds")
 
 
@@ -45,7 +45,7 @@ def runs() -> dict[str, tuple[Path, list[str]]]:
     quickstart = ROOT / "experiments" / "quickstart.yaml"
     for method in METHODS:
         extra = ["data.server_fraction=0.1", "method.distill_steps=5"] if method == "feddf" else []
-        if method in ("fedtiny", "fedmef"):  # adjust the mask in both rounds, so the fixtures pin prune/grow
+        if method in ("fedtiny", "fedmef", "feddst"):  # adjust the masks in both rounds, so the fixtures pin prune/grow
             extra = ["method.adjust_every=1"]
         found[f"method__{method}"] = (quickstart, [*REDUCED, f"method.name={method}", "budgets.scenario=fair", *extra])
     return found

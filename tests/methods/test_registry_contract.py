@@ -7,10 +7,10 @@ from hfl.registry import METHODS
 from hfl.server import run_experiment
 from tests.conftest import run_with_env, small_config
 
-TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "flpqsu", "fedtiny", "fedmef"}
+TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "feddst", "flpqsu", "fedtiny", "fedmef"}
 NEEDS_A_SERVER_SPLIT = {"feddf"}
 SHORTER = {"feddf": {"distill_steps": 5}}  # seconds matter here; the method's own tests cover its defaults
-ADJUSTING = {"fedtiny": {"adjust_every": 1}, "fedmef": {"adjust_every": 1}}  # both rounds change the mask (and resume must keep it)
+ADJUSTING = {"fedtiny": {"adjust_every": 1}, "fedmef": {"adjust_every": 1}, "feddst": {"adjust_every": 1}}  # both rounds change the mask (and resume must keep it)
 
 
 @pytest.mark.parametrize("model", ["cnn", "preresnet20"])
