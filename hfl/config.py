@@ -110,7 +110,8 @@ class FLConfig:
     optimizer: str = "sgd"
     """Client optimiser: sgd (with `momentum`) or adam."""
     lr_schedule: str = "constant"
-    """Learning rate over rounds: constant, cosine (to 0 at the last round), step (x lr_decay at 1/2 and 3/4 of the rounds)."""
+    """Learning rate over rounds: constant, cosine (to 0 at the last round), step (x lr_decay at 1/2 and 3/4 of the rounds),
+    exponential (x lr_decay every round: FedMef's 0.95)."""
     lr_decay: float = 0.1
     """Factor of each step of the step schedule."""
     eval_every: int = 1
@@ -136,7 +137,7 @@ class FLConfig:
         check(self.lr > 0, "lr", self.lr, "a number > 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
-        check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine", "step"))
+        check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine", "step", "exponential"))
         check_choice("optimizer", self.optimizer, ("sgd", "adam"))
         check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "a number in (0, 1]")
         check_choice("eval_mode", self.eval_mode, ("standard", "blockwise"))
@@ -150,6 +151,8 @@ class FLConfig:
             return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
         if self.lr_schedule == "step":
             return self.lr * self.lr_decay ** ((progress >= 0.5) + (progress >= 0.75))
+        if self.lr_schedule == "exponential":
+            return self.lr * self.lr_decay ** (round_ - 1)
         return self.lr
 
 

@@ -24,7 +24,7 @@ def calls_of(script, tmp_path, *args):
 
 
 def test_every_comparison_script_is_checked():
-    assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory"}
+    assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "fedmef_table1", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.parent.name)
@@ -57,3 +57,10 @@ def test_nefl_comparison_omits_blocks_per_stage_on_the_resnet56_family(tmp_path)
     (tmp_path / "calls.txt").unlink()
     calls = calls_of(ROOT / "experiments" / "nefl_table1" / "compare.sh", tmp_path)
     assert not any("method.omit=per_stage" in c for c in calls)
+
+
+def test_fedmef_comparison_gives_the_sparsity_to_the_pruning_methods_only(tmp_path):
+    calls = calls_of(ROOT / "experiments" / "fedmef_table1" / "compare.sh", tmp_path, "method.sparsity=0.8", "fl.rounds=1")
+    given = {Path(c[1]).stem for c in calls[:-1] if "method.sparsity=0.8" in c}
+    assert given == {"flpqsu", "feddst", "fedtiny", "fedmef"}
+    assert all("fl.rounds=1" in c for c in calls[:-1])

@@ -63,6 +63,8 @@ def test_learning_rate_schedules():
     cosine = FLConfig(rounds=4, lr=1.0, lr_schedule="cosine")
     assert cosine.lr_at(1) == 1.0 and cosine.lr_at(3) == pytest.approx(0.5)
     assert FLConfig(lr=0.3).lr_at(7) == 0.3
+    exponential = FLConfig(rounds=500, lr=1.0, lr_schedule="exponential", lr_decay=0.95)  # FedMef's schedule
+    assert [exponential.lr_at(r) for r in (1, 2, 3)] == [1.0, 0.95, 0.95**2]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# FedMef's Table 1 (ResNet-18, CIFAR-10): every method into OUT/<method>, then `hfl report` of them into
+# OUT/report. `--seeds 0,1,2` runs each method once per seed (OUT/<method>-seed<k>) and the report gives
+# mean ± std. Arguments after that are overrides applied to every run; `method.sparsity=S` goes to the
+# pruning methods only (FedAvg stays dense):
+#   experiments/fedmef_table1/compare.sh runs/fedmef-s0.9                           # paper scale (GPU advised)
+#   experiments/fedmef_table1/compare.sh runs/fedmef-s0.8 method.sparsity=0.8
+#   experiments/fedmef_table1/compare.sh runs/fedmef-cpu --seeds 0,1,2 fl.rounds=20 fl.local_epochs=1
+set -euo pipefail
+out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
+shift
+here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+take_seeds "$@" && shift "$SEED_ARGS"
+common=()
+sparsity=()
+for arg in "$@"; do
+  case $arg in
+    method.sparsity=*) sparsity=("$arg") ;;
+    *) common+=("$arg") ;;
+  esac
+done
+for method in fedavg flpqsu feddst fedtiny fedmef; do
+  extra=()
+  [ "$method" != fedavg ] && extra=("${sparsity[@]}")
+  run_method "$method" "$here/$method.yaml" "${common[@]}" "${extra[@]}"
+done
+hfl report "${runs[@]}" --out "$out/report"
