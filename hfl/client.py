@@ -212,6 +212,7 @@ def train_client(
         for stage, trainable in enumerate(task.stages):
             module.enter_stage(stage, trainable)
             DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
+        module.optimizer = None  # its state (momentum) must not stay alive beside the update's copies below
         extras = method.client_uploads(module, batches)
     measured_peak = None
     if device.type == "cuda":
