@@ -6,10 +6,14 @@ dense tensor of zeros, so autograd's saved-tensor hooks, and with them hfl's acc
 smaller storage. In backward the weight gradient comes from the sparse copy; the input gradient
 needs only the weight and is exact.
 
-The saving is real only where nothing else keeps the dense input: a ReLU before the layer keeps its
-own output for its backward, so in a ReLU → Conv model that storage stays alive whatever the conv
-saves. Choosing the entries (their magnitudes) and rebuilding the dense copy in backward are
-transients of one layer's input, so the peak drops once several layers' inputs would be alive.
+The saving is real only where nothing else keeps the dense input: a plain ReLU before the layer
+keeps its own output for its backward, so in a ReLU → Conv model that storage would stay alive
+whatever the conv saves. `prune_activations(..., relu_masks=True)` also switches ReLUs to `MaskReLU`,
+which keeps a boolean mask of the positive entries (one byte per entry) instead of its float output:
+cheaper where a conv or linear layer is the only other holder of the ReLU's output, dearer by the
+mask where another layer (pooling) keeps that output anyway. Choosing the
+entries (their magnitudes) and rebuilding the dense copy in backward are transients of one layer's
+input, so the peak drops once several layers' inputs would be alive.
 """
 
 from __future__ import annotations
@@ -105,22 +109,47 @@ class ActivationPrunedLinear(nn.Linear):
         return _PrunedInputLinear.apply(x, self.weight, self.bias, self.activation_sparsity)
 
 
+class _MaskReLUFunction(torch.autograd.Function):
+    """ReLU that saves which entries were positive (bool), not its output: the gradient needs no more."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        positive = x > 0
+        ctx.save_for_backward(positive)
+        return x * positive
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (positive,) = ctx.saved_tensors
+        return grad * positive
+
+
+class MaskReLU(nn.ReLU):
+    """An nn.ReLU whose backward keeps a boolean mask instead of the float output (never in place:
+    the output is a new tensor, so the input may be freed)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _MaskReLUFunction.apply(x) if torch.is_grad_enabled() and x.requires_grad else F.relu(x, inplace=self.inplace)
+
+
 _PRUNED = {nn.Conv2d: ActivationPrunedConv2d, nn.Linear: ActivationPrunedLinear}
 
 
-def prune_activations(model: nn.Module, sparsity: float) -> nn.Module:
+def prune_activations(model: nn.Module, sparsity: float, relu_masks: bool = False) -> nn.Module:
     """Switch every Conv2d and Linear of `model` (in place) to its activation-pruned twin, keeping
-    their parameters, state keys and hooks; returns `model`. Layers already switched take the new
-    `sparsity`."""
+    their parameters, state keys and hooks (with `relu_masks`, every ReLU to `MaskReLU` too); returns
+    `model`. Layers already switched take the new `sparsity`."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"activation sparsity must lie in [0, 1), got {sparsity}")
     for module in model.modules():
         pruned = _PRUNED.get(type(module))
         if pruned is ActivationPrunedConv2d and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
             raise ValueError(f"scaled activation pruning needs numeric zero padding, got {module.padding_mode!r} / {module.padding!r}")
+        if relu_masks and type(module) is nn.ReLU:
+            pruned = MaskReLU
         if pruned is not None:
             # The class changes, the object stays: parents, parameters and hooks still point at it.
             module.__class__ = pruned
-        if isinstance(module, tuple(_PRUNED.values())):
+        if isinstance(module, (ActivationPrunedConv2d, ActivationPrunedLinear)):
             module.activation_sparsity = sparsity
     return model

@@ -66,6 +66,7 @@ def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch):
         norms.append(math.sqrt(float(terms["extrusion"])) if "extrusion" in terms else None)
         return terms
 
+    assert method.relu_masks is False  # measured now: the accountant's own optimiser steps are not the client's
     monkeypatch.setattr(torch.optim.SGD, "step", recording_step)
     monkeypatch.setattr(type(method), "objective", recording_objective)
     x, y = torch.randn(12, 1, 8, 8), torch.arange(12) % 10

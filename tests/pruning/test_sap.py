@@ -98,3 +98,39 @@ def test_meter_counts_values_and_positions():
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         conv(x)
     assert meter.bytes == kept_entries(x.numel(), 0.9) * (4 + 4)  # float32 values, int32 positions
+
+
+def test_mask_relu_saves_a_boolean_mask_and_gives_relus_gradients():
+    from hfl.pruning.sap import MaskReLU
+
+    x = torch.randn(4, 8, 5, 5, requires_grad=True)
+    relu = prune_activations(nn.Sequential(nn.ReLU()), 0.9, relu_masks=True)[0]
+    assert type(relu) is MaskReLU
+    meter = SavedTensorMeter(exclude=[x])
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+        out = relu(x)
+    assert meter.bytes == x.numel()  # one byte per entry, not the float output's four
+    grad = torch.randn_like(x)
+    (dense_grad,) = torch.autograd.grad(F.relu(x), x, grad)
+    assert torch.equal(out, F.relu(x)) and torch.equal(torch.autograd.grad(out, x, grad)[0], dense_grad)
+    assert type(prune_activations(nn.Sequential(nn.ReLU()), 0.9)[0]) is nn.ReLU  # off by default
+
+
+def test_masked_relus_let_sap_lower_the_peak_of_a_relu_conv_chain():
+    """A ReLU before each conv keeps its float output for backward, which is also the conv's input:
+    SAP alone cannot free it; with masked ReLUs the activations drop by more than half."""
+    def net():
+        torch.manual_seed(0)
+        layers = [nn.Conv2d(3, 8, 3, padding=1)]
+        for _ in range(3):
+            layers += [nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)]
+        return nn.Sequential(*layers, nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+
+    def step(model, x, y):
+        return F.cross_entropy(model(x), y)
+
+    dense = measure_training_cost(net(), (3, 8, 8), 10, 16, step=step)
+    plain = measure_training_cost(prune_activations(net(), 0.9), (3, 8, 8), 10, 16, step=step)
+    masked = measure_training_cost(prune_activations(net(), 0.9, relu_masks=True), (3, 8, 8), 10, 16, step=step)
+    assert plain.activation_bytes > 0.9 * dense.activation_bytes  # the ReLUs' outputs stay
+    assert masked.activation_bytes < dense.activation_bytes / 2 and masked.peak_bytes < plain.peak_bytes
