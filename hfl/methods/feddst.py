@@ -36,35 +36,25 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hfl.errors import check
-from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
-from hfl.pruning.masks import random_masks
+from hfl.methods.base import Client, MethodState
+from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
 from hfl.pruning.schedules import adjustment_count, feddst_adjustment_rate
 from hfl.pruning.selection import prune_and_grow
 from hfl.registry import METHODS
-from hfl.seeding import MASK_STREAM, derive_seed
 from hfl.submodel.spec import full_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 
 @dataclass(frozen=True)
-class FedDSTConfig(MethodConfig):
+class FedDSTConfig(AdjustedSparseConfig):
     name: str = "feddst"
-    sparsity: float = 0.9
-    """Share of the prunable weights (convolutions and linear layers) pruned, in every round."""
     alpha: float = 0.4
     """Initial readjustment rate α: α_r = α/2·(1 + cos(rπ/r_end)) of each layer's kept weights is
     dropped and regrown at a readjustment in round r (0.4: FedMef's comparison)."""
-    adjust_every: int = 10
-    """Rounds between readjustments: clients readjust in rounds divisible by it (ΔR)."""
-    stop_round: int = 300
-    """r_end: the round from which masks stop changing (the paper's 300 of 500 rounds)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(0 <= self.sparsity < 1, "sparsity", self.sparsity, "a number in [0, 1)")
         check(0 <= self.alpha <= 1, "alpha", self.alpha, "a number in [0, 1]")
-        check(isinstance(self.adjust_every, int) and self.adjust_every >= 1, "adjust_every", self.adjust_every, "an integer >= 1")
-        check(isinstance(self.stop_round, int) and self.stop_round >= 1, "stop_round", self.stop_round, "an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -95,19 +85,9 @@ def keep_largest_in_union(averaged: Mapping[str, Tensor], union: Mapping[str, Te
 
 
 @METHODS.register("feddst")
-class FedDST(Method):
+class FedDST(SparseStart):
     Config = FedDSTConfig
     State = FedDSTState
-
-    def __init__(self, config: FedDSTConfig, resources: Resources) -> None:
-        super().__init__(config, resources)
-        generator = torch.Generator().manual_seed(derive_seed(resources.seed, MASK_STREAM))
-        self.initial_masks = random_masks(self.model, config.sparsity, generator)
-        """The first global mask: ERK layer densities, positions drawn from the run's seed."""
-
-    def initial_global_state(self) -> StateDict:
-        dense = super().initial_global_state()
-        return {k: v * self.initial_masks[k] if k in self.initial_masks else v for k, v in dense.items()}
 
     def init_state(self) -> FedDSTState:
         return FedDSTState(masks=self.initial_masks)

@@ -28,13 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.errors import check
-from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
-from hfl.pruning.masks import random_masks
+from hfl.methods.base import Client, MethodState
+from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
 from hfl.pruning.schedules import adjustment_count, fedmef_adjustment_rate
 from hfl.pruning.selection import SparseGradient, prune_and_grow, top_pruned_gradients
 from hfl.registry import METHODS
-from hfl.seeding import MASK_STREAM, derive_seed
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.spec import full_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
@@ -44,20 +42,8 @@ VALUES, POSITIONS = "/gradient_values", "/gradient_positions"
 
 
 @dataclass(frozen=True)
-class FedTinyConfig(MethodConfig):
+class FedTinyConfig(AdjustedSparseConfig):
     name: str = "fedtiny"
-    sparsity: float = 0.9
-    """Share of the prunable weights (convolutions and linear layers) pruned, held for the whole run."""
-    adjust_every: int = 10
-    """ΔR: rounds between two mask adjustments (the paper's 10 at 500 rounds)."""
-    stop_round: int = 300
-    """R_stop: the last round whose mask may change (the paper's 300 at 500 rounds); ζ_r decays to 0 there."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(0 <= self.sparsity < 1, "sparsity", self.sparsity, "a number in [0, 1)")
-        check(self.adjust_every >= 1, "adjust_every", self.adjust_every, "an integer >= 1")
-        check(self.stop_round >= 1, "stop_round", self.stop_round, "an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -113,18 +99,9 @@ def one_batch_gradients(model: nn.Module, keys: Iterable[str], x: Tensor, y: Ten
 
 
 @METHODS.register("fedtiny")
-class FedTiny(Method):
+class FedTiny(SparseStart):
     Config = FedTinyConfig
     State = SparseTrainingState
-
-    def __init__(self, config: FedTinyConfig, resources: Resources) -> None:
-        super().__init__(config, resources)
-        generator = torch.Generator().manual_seed(derive_seed(resources.seed, MASK_STREAM))
-        self.initial_masks = random_masks(self.model, config.sparsity, generator)
-
-    def initial_global_state(self) -> StateDict:
-        dense = super().initial_global_state()
-        return {k: v * self.initial_masks[k] if k in self.initial_masks else v for k, v in dense.items()}
 
     def init_state(self) -> SparseTrainingState:
         return SparseTrainingState(masks={k: m.clone() for k, m in self.initial_masks.items()})

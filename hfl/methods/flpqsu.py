@@ -16,42 +16,32 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+from torch import Tensor
 
-from hfl.errors import check
-from hfl.methods.base import Method, MethodConfig, MethodState, Resources
+from hfl.methods.base import Method, MethodState
+from hfl.methods.sparse import SparseConfig, SparseStart
 from hfl.pruning.masks import magnitude_masks, prunable_keys
 from hfl.registry import METHODS
 from hfl.seeding import MODEL_STREAM, derive_seed
 from hfl.submodel.spec import full_spec
-from hfl.types import ClientTask, RoundContext, StateDict
+from hfl.types import ClientTask, RoundContext
 
 
 @dataclass(frozen=True)
-class FLPQSUConfig(MethodConfig):
+class FLPQSUConfig(SparseConfig):
     name: str = "flpqsu"
-    sparsity: float = 0.9
-    """Share of the prunable weights (convolutions and linear layers) pruned once, before training."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(0 <= self.sparsity < 1, "sparsity", self.sparsity, "a number in [0, 1)")
 
 
 @METHODS.register("flpqsu")
-class FLPQSU(Method):
+class FLPQSU(SparseStart):
     Config = FLPQSUConfig
 
-    def __init__(self, config: FLPQSUConfig, resources: Resources) -> None:
-        super().__init__(config, resources)
-        with torch.random.fork_rng(devices=[]):  # the server's initial weights: same seed, same build
-            torch.manual_seed(derive_seed(resources.seed, MODEL_STREAM))
-            dense = super().initial_global_state()
-        self.masks = magnitude_masks(dense, prunable_keys(self.model), config.sparsity)
-        """The fixed mask: False entries are pruned for the whole run."""
-        self._pruned = {k: v * self.masks[k] if k in self.masks else v for k, v in dense.items()}
-
-    def initial_global_state(self) -> StateDict:
-        return {k: v.clone() for k, v in self._pruned.items()}
+    def first_masks(self) -> dict[str, Tensor]:
+        """The fixed mask, by magnitude of the server's initial weights (same seed, same build)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.resources.seed, MODEL_STREAM))
+            dense = Method.initial_global_state(self)
+        return magnitude_masks(dense, prunable_keys(self.model), self.config.sparsity)
 
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
-        return ClientTask(ctx, replace(full_spec(), masks=self.masks))
+        return ClientTask(ctx, replace(full_spec(), masks=self.initial_masks))

@@ -23,7 +23,7 @@ def test_the_mask_never_changes_and_pruned_weights_stay_zero(tmp_path, monkeypat
     config = small_config(method={"name": "flpqsu", "sparsity": 0.8}, model={"name": "preresnet20"}, fl={"rounds": 3, "clients": 4, "fraction": 1.0})
     summary, env, final = run_with_env(config, tmp_path, monkeypatch)
     assert summary["client_rounds"] == 12
-    masks = env.method.masks
+    masks = env.method.initial_masks
     start = initial_state(config, env).global_state
     kept = sum(int(m.sum()) for m in masks.values())
     assert abs(kept / sum(m.numel() for m in masks.values()) - 0.2) < 0.01
