@@ -1,17 +1,25 @@
-# Sourced by the comparison scripts (experiments/*/compare.sh): seeds and one run per method and seed.
-#   out=OUT; source compare_lib.sh; take_seeds "$@" && shift "$SEED_ARGS"
-#   run_method NAME CONFIG [overrides...]      # into OUT/NAME, or OUT/NAME-seed<k> with several seeds
-#   hfl report "${runs[@]}" --out "$out/report"  # several seeds: mean ± std per method
+# Sourced by the comparison scripts (experiments/*/compare.sh): their arguments, seeds, one run per
+# method and seed, and the report.
+#   source compare_lib.sh; parse_comparison "$@"   # sets out, seeds, overrides
+#   run_method NAME CONFIG [overrides...]           # into OUT/NAME, or OUT/NAME-seed<k> with several seeds
+#   write_report                                    # OUT/report; several seeds: mean ± std per method
 seeds=(0)
 runs=()
-SEED_ARGS=0
+overrides=()
 
-# `--seeds 0,1,2` as the first argument after OUT: sets `seeds` and SEED_ARGS (how many arguments to shift).
-take_seeds() {
+# `compare.sh OUT [--seeds 0,1,2] [overrides...]`: sets `out`, `seeds` and `overrides`.
+parse_comparison() {
+  out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
+  shift
   if [ "${1:-}" = --seeds ]; then
     IFS=, read -ra seeds <<< "${2:?--seeds needs a comma-separated list, e.g. --seeds 0,1,2}"
-    SEED_ARGS=2
+    shift 2
   fi
+  overrides=("$@")
+}
+
+write_report() {
+  hfl report "${runs[@]}" --out "$out/report"
 }
 
 run_method() {

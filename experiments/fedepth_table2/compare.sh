@@ -9,13 +9,11 @@
 # FedAvg x min r follows the scenario's smallest ratio (1/6, or 1/8 under lack); under surplus the
 # paper runs only FeDepth and m-FeDepth, so only they run.
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
-shift
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
-take_seeds "$@" && shift "$SEED_ARGS"
+parse_comparison "$@"
 scenario=fair
-for arg in "$@"; do
+for arg in "${overrides[@]}"; do
   case $arg in budgets.scenario=*) scenario=${arg#budgets.scenario=} ;; esac
 done
 methods=(fedavg_x1 fedavg_min_r heterofl splitmix depthfl fedepth mfedepth)
@@ -23,6 +21,6 @@ methods=(fedavg_x1 fedavg_min_r heterofl splitmix depthfl fedepth mfedepth)
 for method in "${methods[@]}"; do
   extra=()
   [ "$method" = fedavg_min_r ] && [ "$scenario" = lack ] && extra=(model.width=0.125)
-  run_method "$method" "$here/$method.yaml" "$@" "${extra[@]}"
+  run_method "$method" "$here/$method.yaml" "${overrides[@]}" "${extra[@]}"
 done
-hfl report "${runs[@]}" --out "$out/report"
+write_report

@@ -7,14 +7,12 @@
 #   experiments/fedmef_table1/compare.sh runs/fedmef-s0.8 method.sparsity=0.8
 #   experiments/fedmef_table1/compare.sh runs/fedmef-cpu --seeds 0,1,2 fl.rounds=20 fl.local_epochs=1
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
-shift
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
-take_seeds "$@" && shift "$SEED_ARGS"
+parse_comparison "$@"
 common=()
 sparsity=()
-for arg in "$@"; do
+for arg in "${overrides[@]}"; do
   case $arg in
     method.sparsity=*) sparsity=("$arg") ;;
     *) common+=("$arg") ;;
@@ -25,4 +23,4 @@ for method in fedavg flpqsu feddst fedtiny fedmef; do
   [ "$method" != fedavg ] && extra=("${sparsity[@]}")
   run_method "$method" "$here/$method.yaml" "${common[@]}" "${extra[@]}"
 done
-hfl report "${runs[@]}" --out "$out/report"
+write_report

@@ -10,14 +10,12 @@
 # as the authors' tables for those models do (method.omit=per_stage); DepthFL's exits move to blocks 5-8
 # with preresnet20 (prefix shares 0.17-0.73).
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
-shift
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
-take_seeds "$@" && shift "$SEED_ARGS"
+parse_comparison "$@"
 depthfl=()
 depth=()
-for arg in "$@"; do
+for arg in "${overrides[@]}"; do
   case $arg in
     model.name=preresnet20) depthfl=("method.exit_blocks=[5,6,7,8]") depth=(method.omit=per_stage) ;;
     model.name=resnet56 | model.name=resnet110) depth=(method.omit=per_stage) ;;
@@ -29,6 +27,6 @@ for method in nefl_w nefl_d nefl_wd heterofl fjord fjord_ordered_dropout depthfl
     depthfl) extra=("${depthfl[@]}") ;;
     nefl_d | nefl_wd) extra=("${depth[@]}") ;;
   esac
-  run_method "$method" "$here/$method.yaml" "$@" "${extra[@]}"
+  run_method "$method" "$here/$method.yaml" "${overrides[@]}" "${extra[@]}"
 done
-hfl report "${runs[@]}" --out "$out/report"
+write_report

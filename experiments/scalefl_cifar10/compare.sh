@@ -6,14 +6,14 @@
 #   experiments/scalefl_cifar10/compare.sh runs/scalefl data.alpha=100       # the near-IID column
 #   experiments/scalefl_cifar10/compare.sh runs/scalefl_digits --seeds 0,1,2 data.name=digits model.name=preresnet20 \
 #       fl.clients=20 fl.fraction=0.5 fl.rounds=10 fl.batch_size=16 fl.local_epochs=1   # reduced, CPU
-# experiments/scalefl_cifar10_equal_memory/compare.sh compares the same methods at equal training memory.
+# experiments/scalefl_cifar10_equal_memory/compare.sh compares the same methods at equal training memory:
+# it runs this script on its own configs (SCALEFL_CONFIGS).
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
-shift
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
-take_seeds "$@" && shift "$SEED_ARGS"
+parse_comparison "$@"
+configs=${SCALEFL_CONFIGS:-$here}
 for method in fedavg decoupled heterofl fedrolex fjord depthfl scalefl feddf; do
-  run_method "$method" "$here/$method.yaml" "$@"
+  run_method "$method" "$configs/$method.yaml" "${overrides[@]}"
 done
-hfl report "${runs[@]}" --out "$out/report"
+write_report

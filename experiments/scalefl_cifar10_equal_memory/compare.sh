@@ -1,19 +1,10 @@
 #!/usr/bin/env bash
 # ScaleFL's comparison at equal training MEMORY (a variant; the paper compares at equal parameters:
-# experiments/scalefl_cifar10/compare.sh): every method into OUT/<method>, then
-# `hfl report` of them into OUT/report. `--seeds 0,1,2` runs each method once per seed (OUT/<method>-seed<k>)
-# and the report gives mean ± std. Arguments after that are overrides applied to every run:
+# experiments/scalefl_cifar10/compare.sh, which this runs on the configs here): every method into
+# OUT/<method>, then `hfl report` of them into OUT/report. `--seeds 0,1,2` runs each method once per
+# seed (OUT/<method>-seed<k>) and the report gives mean ± std. Arguments after that are overrides:
 #   experiments/scalefl_cifar10_equal_memory/compare.sh runs/scalefl                      # ScaleFL's scale (GPU advised)
 #   experiments/scalefl_cifar10_equal_memory/compare.sh runs/scalefl data.alpha=100       # the near-IID column
-#   experiments/scalefl_cifar10_equal_memory/compare.sh runs/scalefl_digits --seeds 0,1,2 data.name=digits model.name=preresnet20 \
-#       fl.clients=20 fl.fraction=0.5 fl.rounds=10 fl.batch_size=16 fl.local_epochs=1   # reduced, CPU
 set -euo pipefail
-out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
-shift
 here=$(dirname "$0")
-source "$here/../compare_lib.sh"
-take_seeds "$@" && shift "$SEED_ARGS"
-for method in fedavg decoupled heterofl fedrolex fjord depthfl scalefl feddf; do
-  run_method "$method" "$here/$method.yaml" "$@"
-done
-hfl report "${runs[@]}" --out "$out/report"
+SCALEFL_CONFIGS=$here exec "$here/../scalefl_cifar10/compare.sh" "$@"
