@@ -26,6 +26,7 @@ from torch.func import functional_call, vmap
 from hfl.accounting.cost import tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
+from hfl.pruning.nsconv import load_masks
 from hfl.submodel.spec import SubmodelSpec, extract, hold_rows, uploaded_keys
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
@@ -136,6 +137,7 @@ class ClientModule(L.LightningModule):
         for key, mask in masks.items():
             self.masks[key] = mask.to(self.device_of_model())
             self.replaced_masks[key] = mask.detach().cpu()
+        load_masks(self.model, self.masks)
 
     def on_train_batch_end(self, *args: object) -> None:
         if self.masks:  # pruned entries stay zero
@@ -199,6 +201,7 @@ def train_client(
     spec = task.spec
     received = extract(global_state, spec)
     model.load_state_dict(received, strict=True)
+    load_masks(model, spec.masks)
     device = next(model.parameters()).device
     if device.type == "cuda":  # measure this client's training alone, beside the resident weights
         torch.cuda.synchronize(device)

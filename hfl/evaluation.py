@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from hfl.backends.base import ClientEnvironment, model_norm
 from hfl.inference import blockwise_inference, standard_inference
+from hfl.pruning.nsconv import load_masks
 from hfl.seeding import SBN_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec, extract
 from hfl.types import StateDict
@@ -73,6 +74,7 @@ class Evaluator:
         spec = spec or SubmodelSpec()
         model = self._model(spec)
         model.load_state_dict(extract(global_state, spec), strict=not self.static_bn)
+        load_masks(model, spec.masks)
         if self.static_bn:
             self._recompute_bn(model)
         model.eval()

@@ -15,8 +15,12 @@ Dynamic Pruning", CVPR 2024 (Algorithm 1): FedTiny's server-side prune/grow plus
   ReLUs) and costs the mask where pooling keeps the output anyway (the CNN), so the client model takes
   whichever of the two the accountant measures lower on the whole model (`relu_masks`).
 
-Not implemented: NSConv (Eq. 6–7, `hfl.pruning.nsconv` holds the layer); FedMef here always runs on
-the configured model's norms.
+- normalized sparse convolution (NSConv, Eq. 6–7, `nsconv`, on by default): every convolution
+  standardises each filter over its kept entries (γ `ns_gamma`, the paper gives none: the ReLU gain
+  √(2/(1 − 1/π)) by default) in a model without normalisation layers, which `model.norm=auto` builds
+  for FedMef; `method.nsconv=false` runs SAP on the configured norms (the paper's "w/o NSConv").
+  The growth criterion's dense gradient is taken with respect to the effective weights the
+  convolutions apply (the stored weights' gradient is masked by the standardisation).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from functools import cached_property
 
 from torch import Tensor, nn
 
-from hfl.errors import check
-from hfl.methods.base import Client
+from hfl.errors import ConfigError, check
+from hfl.methods.base import Client, Resources
 from hfl.methods.fedtiny import Adjustment, FedTiny, FedTinyConfig
+from hfl.models.base import ScalableModel
+from hfl.pruning.nsconv import RELU_GAMMA, normalize_convolutions
 from hfl.pruning.sap import prune_activations
 from hfl.pruning.schedules import extrusion_learning_rate
 from hfl.pruning.selection import lowest_magnitude
@@ -46,8 +52,14 @@ class FedMefConfig(FedTinyConfig):
     activation_sparsity: float = 0.9
     """s_ta of scaled activation pruning: the share of each Conv2d/Linear input dropped from the copy kept for backward."""
 
+    nsconv: bool = True
+    """Whether every convolution is an NSConv (needs `model.norm=none`, which auto gives FedMef)."""
+    ns_gamma: float = RELU_GAMMA
+    """γ of NSConv (Eq. 7): the paper gives none; by default the ReLU gain √(2/(1 − 1/π))."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.ns_gamma > 0, "ns_gamma", self.ns_gamma, "a number > 0")
         check(self.bae_lambda >= 0, "bae_lambda", self.bae_lambda, "a number >= 0")
         check(0 <= self.activation_sparsity < 1, "activation_sparsity", self.activation_sparsity, "a number in [0, 1)")
 
@@ -60,6 +72,17 @@ def local_steps(ctx: RoundContext) -> int:
 @METHODS.register("fedmef")
 class FedMef(FedTiny):
     Config = FedMefConfig
+    preferred_norm = "none"  # NSConv replaces the norms (Eq. 6–7)
+
+    def __init__(self, config: FedMefConfig, resources: Resources) -> None:
+        norm = resources.model.norm
+        if config.nsconv and norm != "none":
+            raise ConfigError("model.norm", norm, "none with method.nsconv=true (NSConv models have no normalisation layers; or set method.nsconv=false)")
+        super().__init__(config, resources)
+        self.model = self.adapt_model(self.model)
+
+    def adapt_model(self, model: ScalableModel) -> ScalableModel:
+        return normalize_convolutions(model, self.config.ns_gamma) if self.config.nsconv else model
 
     def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
         return prune_activations(super().client_model(spec, norm), self.config.activation_sparsity, self.relu_masks)

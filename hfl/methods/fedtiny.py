@@ -30,11 +30,12 @@ from torch import Tensor, nn
 
 from hfl.methods.base import Client, MethodState
 from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
+from hfl.pruning.nsconv import applied_weights
 from hfl.pruning.schedules import adjustment_count, fedmef_adjustment_rate
 from hfl.pruning.selection import SparseGradient, prune_and_grow, top_pruned_gradients
 from hfl.registry import METHODS
 from hfl.submodel.aggregate import masked_weighted_mean
-from hfl.submodel.spec import full_spec
+from hfl.submodel.spec import SubmodelSpec, full_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 VALUES, POSITIONS = "/gradient_values", "/gradient_positions"
@@ -86,12 +87,15 @@ def averaged_gradients(updates: Iterable[ClientUpdate], shapes: Mapping[str, Ten
 
 
 def one_batch_gradients(model: nn.Module, keys: Iterable[str], x: Tensor, y: Tensor) -> dict[str, Tensor]:
-    """The dense cross-entropy gradient of `keys` on one batch; the model's buffers (batch-norm
-    statistics, which the update already carries) are left as they were."""
+    """The dense cross-entropy gradient of `keys` on one batch, with respect to the weights as the
+    layers apply them (an NSConv's effective weight, whose gradient is dense where the stored one's is
+    masked); the model's buffers (batch-norm statistics, which the update already carries) are left
+    as they were."""
     buffers = {n: b.clone() for n, b in model.named_buffers()}
-    params = dict(model.named_parameters())
     keys = list(keys)
-    grads = torch.autograd.grad(F.cross_entropy(model(x), y), [params[k] for k in keys])
+    with applied_weights(model) as applied:
+        params = {**dict(model.named_parameters()), **applied}
+        grads = torch.autograd.grad(F.cross_entropy(model(x), y), [params[k] for k in keys])
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
@@ -118,6 +122,10 @@ class FedTiny(SparseStart):
     def plan(self, ctx: RoundContext, state: SparseTrainingState) -> ClientTask | None:
         options = Adjustment(self.adjustment_counts(ctx.round, state.masks)) if self.adjusts(ctx.round) else None
         return ClientTask(ctx, replace(full_spec(), masks=state.masks), options=options)
+
+    def global_model_spec(self, state: SparseTrainingState) -> SubmodelSpec:
+        """The masked global model: the masks also say what an NSConv standardises over."""
+        return replace(full_spec(), masks=state.masks)
 
     def client_uploads(self, client: Client, batches: Iterable[tuple[Tensor, Tensor]]) -> StateDict:
         adjustment = client.task.options

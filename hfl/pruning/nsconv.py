@@ -11,6 +11,8 @@ one filter sees (in_channels / groups: 1 for a depthwise convolution).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,29 +26,79 @@ _VARIANCE_FLOOR = 1e-5
 """Added to σ² so that a filter with one kept entry, or equal ones, does not divide by zero."""
 
 
+def _filter_statistics(flat: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of `flat` (one filter each): the kept entries' count, mean and σ (population, floored)."""
+    count = keep.sum(1, keepdim=True).clamp_min(1).to(flat.dtype)
+    mean = (flat * keep).sum(1, keepdim=True) / count
+    variance = (flat - mean).mul_(keep).square_().sum(1, keepdim=True) / count
+    return count, mean, torch.sqrt(variance + _VARIANCE_FLOOR)
+
+
+def _standardized(flat: Tensor, keep: Tensor, mean: Tensor, sigma: Tensor) -> Tensor:
+    """(θ − μ)/σ at the kept entries, zero at the pruned ones."""
+    return (flat - mean).div_(sigma).mul_(keep)
+
+
+class _EffectiveWeight(torch.autograd.Function):
+    """scale·(θ⊙m − μ)/σ per filter, re-masked, with the backward of a standardisation written out
+    (grad_θ = m·scale/σ·(g − mean(g) − z·mean(g·z)), means over the kept entries, z the standardised
+    weight): it keeps nothing of weight size for backward (the weight and mask are resident, μ and σ
+    are one number per filter) and recomputes z, where autograd through the formula would keep several
+    weight-sized intermediates per layer."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: Tensor, mask: Tensor, scale: float) -> Tensor:
+        flat, keep = weight.flatten(1), mask.flatten(1)
+        count, mean, sigma = _filter_statistics(flat, keep)
+        ctx.save_for_backward(weight, mask, count, mean, sigma)
+        ctx.scale = scale
+        return _standardized(flat, keep, mean, sigma).mul_(scale).view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        weight, mask, count, mean, sigma = ctx.saved_tensors
+        return standardization_backward(weight, mask, grad, ctx.scale, (count, mean, sigma)), None, None
+
+
+def standardization_backward(
+    weight: Tensor, mask: Tensor, grad: Tensor, scale: float, statistics: tuple[Tensor, Tensor, Tensor] | None = None
+) -> Tensor:
+    """The gradient with respect to `weight` of a loss whose gradient with respect to
+    `_EffectiveWeight`'s output (of this weight, mask and scale) is `grad`."""
+    flat, keep = weight.flatten(1), mask.flatten(1)
+    count, mean, sigma = statistics or _filter_statistics(flat, keep)
+    z = _standardized(flat, keep, mean, sigma)
+    g = grad.flatten(1) * keep
+    mean_g = g.sum(1, keepdim=True) / count
+    mean_gz = (g * z).sum(1, keepdim=True) / count
+    return g.sub_(mean_g).sub_(z.mul_(mean_gz)).mul_(keep).mul_(scale / sigma).view_as(weight)
+
+
+def effective_scale(weight: Tensor, gamma: float) -> float:
+    """γ·√c_in / c_in: Eq. 7's γ·√c_in and the paper's convolution dividing by c_in."""
+    return gamma / math.sqrt(weight.shape[1])
+
+
 def standardized_filters(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:
     """Eq. 7's θ̂ for a weight (c_out, c_in, k, k) or any (c_out, ...) tensor: per output filter,
     γ·√c_in·(θ⊙m − μ)/σ over the kept entries, zero at pruned ones."""
-    flat, keep = weight.flatten(1), mask.flatten(1).to(weight.dtype)
-    count = keep.sum(1, keepdim=True).clamp_min(1.0)
-    mean = (flat * keep).sum(1, keepdim=True) / count
-    variance = (((flat - mean) * keep) ** 2).sum(1, keepdim=True) / count
-    c_in = weight.shape[1]
-    normed = gamma * math.sqrt(c_in) * (flat * keep - mean) / torch.sqrt(variance + _VARIANCE_FLOOR)
-    return (normed * keep).view_as(weight)
+    return _EffectiveWeight.apply(weight, mask, gamma * math.sqrt(weight.shape[1]))
 
 
 def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:
     """The weight a standard convolution applies for NSConv: θ̂ / c_in."""
-    return standardized_filters(weight, mask, gamma) / weight.shape[1]
+    return _EffectiveWeight.apply(weight, mask, effective_scale(weight, gamma))
 
 
 class NSConv2d(nn.Conv2d):
     """A Conv2d that convolves with its NSConv effective weight. `mask` (same shape as the weight,
-    all kept by default) is a non-persistent buffer: the state keys stay those of a Conv2d, and the
-    method that owns the masks sets it with `set_mask` whenever the mask changes."""
+    all kept by default) is a non-persistent buffer: the state keys stay those of a Conv2d, and
+    whoever loads weights into the model loads the masks with them (`load_masks`)."""
 
     mask: Tensor
+    gamma: float
+    held_weight: Tensor | None = None
+    """While set (`applied_weights`), the weight the forward applies instead of computing it."""
 
     def __init__(self, *args: Any, gamma: float = RELU_GAMMA, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,5 +108,54 @@ class NSConv2d(nn.Conv2d):
     def set_mask(self, mask: Tensor) -> None:
         self.mask.copy_(mask)
 
+    def applied_weight(self) -> Tensor:
+        if self.held_weight is not None:
+            return self.held_weight
+        return effective_weight(self.weight, self.mask, self.gamma)
+
     def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, effective_weight(self.weight, self.mask, self.gamma), self.bias)
+        return self._conv_forward(x, self.applied_weight(), self.bias)
+
+
+def normalize_convolutions(model: nn.Module, gamma: float = RELU_GAMMA) -> nn.Module:
+    """Switch every plain Conv2d of `model` (in place) to an NSConv2d with all entries kept,
+    keeping its parameters and state keys; returns `model`."""
+    for module in model.modules():
+        if type(module) is nn.Conv2d:
+            # The class changes, the object stays: parents, parameters and hooks still point at it.
+            module.__class__ = NSConv2d
+            module.gamma = gamma
+            module.register_buffer("mask", torch.ones_like(module.weight, dtype=torch.bool), persistent=False)
+    return model
+
+
+def load_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> None:
+    """Give every NSConv2d of `model` the mask of its weight's state key in `masks` (all entries
+    kept where `masks` has none): the masks an NSConv forward standardises over must be those of the
+    weights just loaded. A no-op for models without NSConv."""
+    for name, module in model.named_modules():
+        if isinstance(module, NSConv2d):
+            mask = masks.get(f"{name}.weight" if name else "weight")
+            if mask is None:
+                module.mask.fill_(True)
+            else:
+                module.set_mask(mask)
+
+
+@contextmanager
+def applied_weights(model: nn.Module) -> Iterator[dict[str, Tensor]]:
+    """Within the block, every NSConv2d applies a fixed copy of its effective weight, a leaf that
+    requires grad; yields those leaves by weight state key. The gradient with respect to them is the
+    dense one, pruned entries included, that prune-and-grow reads (the gradient with respect to the
+    stored weight is zero at pruned entries, which the standardisation masks)."""
+    held = {}
+    for name, module in model.named_modules():
+        if isinstance(module, NSConv2d):
+            module.held_weight = module.applied_weight().detach().requires_grad_(True)
+            held[f"{name}.weight" if name else "weight"] = module.held_weight
+    try:
+        yield held
+    finally:
+        for module in model.modules():
+            if isinstance(module, NSConv2d):
+                module.held_weight = None

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hfl.pruning.nsconv import NSConv2d, effective_scale, effective_weight, standardization_backward
+
 
 def kept_entries(numel: int, sparsity: float) -> int:
     """⌊(1 − s)·numel⌋, the entries of an input SAP keeps for backward."""
@@ -47,24 +49,37 @@ def decompress(values: Tensor, positions: Tensor, shape: torch.Size) -> Tensor:
 
 
 class _PrunedInputConv2d(torch.autograd.Function):
+    """The convolution of SAP. With a `mask` it is an NSConv: the effective weight (`effective_weight`)
+    is computed in forward and again in backward, never kept, so that what stays alive for backward
+    is the compressed input alone (the raw weight and the mask are resident anyway)."""
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv: nn.Conv2d, sparsity: float) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv: nn.Conv2d, sparsity: float, mask: Tensor | None = None, gamma: float = 1.0
+    ) -> Tensor:
         values, positions = compress_top(x, sparsity)
-        ctx.save_for_backward(values, positions, weight)
-        ctx.shape, ctx.conv, ctx.has_bias = x.shape, conv, bias is not None
-        return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        ctx.save_for_backward(values, positions, weight, mask)
+        ctx.shape, ctx.conv, ctx.has_bias, ctx.gamma = x.shape, conv, bias is not None, gamma
+        applied = weight if mask is None else effective_weight(weight, mask, gamma)
+        return F.conv2d(x, applied, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        values, positions, weight = ctx.saved_tensors
+        values, positions, weight, mask = ctx.saved_tensors
         conv = ctx.conv
         args = (conv.stride, conv.padding, conv.dilation, conv.groups)
-        grad_x = torch.nn.grad.conv2d_input(ctx.shape, weight, grad_out, *args) if ctx.needs_input_grad[0] else None
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            applied = weight if mask is None else effective_weight(weight, mask, ctx.gamma)
+            grad_x = torch.nn.grad.conv2d_input(ctx.shape, applied, grad_out, *args)
+            del applied
         grad_w = None
         if ctx.needs_input_grad[1]:
             grad_w = torch.nn.grad.conv2d_weight(decompress(values, positions, ctx.shape), weight.shape, grad_out, *args)
+            if mask is not None:  # through the standardisation to the stored weight
+                grad_w = standardization_backward(weight, mask, grad_w, effective_scale(weight, ctx.gamma))
         grad_b = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 class _PrunedInputLinear(torch.autograd.Function):
@@ -96,6 +111,18 @@ class ActivationPrunedConv2d(nn.Conv2d):
         if not torch.is_grad_enabled():
             return super().forward(x)
         return _PrunedInputConv2d.apply(x, self.weight, self.bias, self, self.activation_sparsity)
+
+
+class ActivationPrunedNSConv2d(ActivationPrunedConv2d, NSConv2d):
+    """An NSConv2d whose input is pruned like ActivationPrunedConv2d's (FedMef's SAP with NSConv):
+    the convolution applies the normalised effective weight and keeps only the compressed input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return NSConv2d.forward(self, x)
+        if self.held_weight is not None:
+            return _PrunedInputConv2d.apply(x, self.held_weight, self.bias, self, self.activation_sparsity)
+        return _PrunedInputConv2d.apply(x, self.weight, self.bias, self, self.activation_sparsity, self.mask, self.gamma)
 
 
 class ActivationPrunedLinear(nn.Linear):
@@ -132,11 +159,11 @@ class MaskReLU(nn.ReLU):
         return _MaskReLUFunction.apply(x) if torch.is_grad_enabled() and x.requires_grad else F.relu(x, inplace=self.inplace)
 
 
-_PRUNED = {nn.Conv2d: ActivationPrunedConv2d, nn.Linear: ActivationPrunedLinear}
+_PRUNED = {nn.Conv2d: ActivationPrunedConv2d, NSConv2d: ActivationPrunedNSConv2d, nn.Linear: ActivationPrunedLinear}
 
 
 def prune_activations(model: nn.Module, sparsity: float, relu_masks: bool = False) -> nn.Module:
-    """Switch every Conv2d and Linear of `model` (in place) to its activation-pruned twin, keeping
+    """Switch every Conv2d (NSConv2d included) and Linear of `model` (in place) to its activation-pruned twin, keeping
     their parameters, state keys and hooks (with `relu_masks`, every ReLU to `MaskReLU` too); returns
     `model`. Layers already switched take the new `sparsity`."""
     if not 0.0 <= sparsity < 1.0:

@@ -3,13 +3,19 @@ pruning's lower peak memory (a budget FedTiny breaks, FedMef keeps) on CIFAR-sha
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from hfl.backends.base import ClientEnvironment
 from hfl.client import ClientBatches, train_client
+from hfl.errors import ConfigError
+from hfl.evaluation import Evaluator
 from hfl.methods.fedtiny import Adjustment
+from hfl.pruning.nsconv import NSConv2d
+from hfl.registry import METHODS
 from hfl.server import initial_state, train_settings
+from hfl.submodel.spec import full_spec
 from hfl.types import RoundContext, TrainSettings
 from tests.conftest import method_for, small_config
 
@@ -32,7 +38,7 @@ def smallest_kept_squares(weights, masks, counts):
 
 
 def test_surrogate_term_is_lambda_times_the_smallest_kept_weights_squared():
-    method = method_for({"name": "fedmef", "bae_lambda": 0.5, "adjust_every": 1}, "cnn", input_size=8)
+    method = method_for({"name": "fedmef", "bae_lambda": 0.5, "adjust_every": 1}, "cnn", norm="none", input_size=8)
     task = adjustment_task(method, 4, TrainSettings(0.1, 0.0, 0.0, 1, 4))
     model = method.client_model(task.spec)
     model.load_state_dict(method.initial_global_state())
@@ -49,7 +55,7 @@ def test_surrogate_term_is_lambda_times_the_smallest_kept_weights_squared():
 def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch):
     """μ_t = max(η, p(t)(2σ(‖θ_low‖) − 1)η₀) with p(t) = (2T − 2t)/(2T − t), at every step t of a client
     trained by the real client loop (T = 3 batches); outside adjustment rounds the rate is η."""
-    method = method_for({"name": "fedmef", "adjust_every": 2}, "cnn", input_size=8)
+    method = method_for({"name": "fedmef", "adjust_every": 2}, "cnn", norm="none", input_size=8)
     lr, initial_lr = 0.001, 0.5
     settings = TrainSettings(lr, 0.0, 0.0, 1, 4, "sgd", initial_lr)
     used, norms = [], []
@@ -118,3 +124,38 @@ def test_first_round_state_is_the_masked_initial_model():
     weights, state = initial_state(config, env).global_state, env.method.init_state()
     for key, mask in state.masks.items():
         assert not weights[key][~mask].any() and weights[key][mask].all(), key
+
+
+def test_nsconv_needs_a_model_without_norms():
+    with pytest.raises(ConfigError, match="model.norm='bn'.*method.nsconv"):
+        method_for({"name": "fedmef"}, "cnn", norm="bn")
+    assert method_for({"name": "fedmef", "nsconv": False}, "cnn", norm="bn").model.norm == "bn"
+    assert small_config(method={"name": "fedmef"}, model={"name": "cnn"}).model.norm == "auto"  # auto builds none for FedMef
+    assert METHODS.get("fedmef").preferred_norm == "none"
+
+
+def nsconv_layers(model):
+    return {name: m for name, m in model.named_modules() if isinstance(m, NSConv2d)}
+
+
+def test_clients_and_evaluation_standardise_over_the_global_masks():
+    """The client model is reused across clients and rounds: train_client and the evaluator load the
+    task's masks into its NSConvs with the weights (with all entries kept the forward would differ)."""
+    config = cifar_config("fedmef")
+    env = ClientEnvironment.from_config(config)
+    method, state = env.method, env.method.init_state()
+    weights = initial_state(config, env).global_state
+    ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1))
+    task = method.plan(ctx, state)
+    model = env.model(task.spec)
+    assert nsconv_layers(model)
+    env.train(weights, task)
+    for name, layer in nsconv_layers(model).items():
+        assert torch.equal(layer.mask.cpu(), state.masks[f"{name}.weight"]), name
+    evaluator = Evaluator(env)
+    masked = evaluator(weights, method.global_model_spec(state))
+    all_kept = evaluator(weights, full_spec())
+    assert masked["loss"] != all_kept["loss"]
+    evaluator(weights, method.global_model_spec(state))
+    for name, layer in nsconv_layers(evaluator._model(full_spec())).items():
+        assert torch.equal(layer.mask.cpu(), state.masks[f"{name}.weight"]), name

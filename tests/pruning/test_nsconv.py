@@ -7,9 +7,13 @@ import torch.nn.functional as F
 from hfl.pruning.nsconv import (
     RELU_GAMMA,
     NSConv2d,
+    applied_weights,
     effective_weight,
+    load_masks,
+    normalize_convolutions,
     standardized_filters,
 )
+from hfl.pruning.sap import ActivationPrunedNSConv2d, prune_activations
 
 FILTER = torch.tensor([1.0, 2.0, 3.0, 100.0]).view(1, 4, 1, 1)  # c_out 1, c_in 4, 1×1 kernel
 MASK = torch.tensor([True, True, True, False]).view(1, 4, 1, 1)
@@ -42,3 +46,71 @@ def test_nsconv_convolves_with_the_effective_weight_and_keeps_conv_state_keys():
     x = torch.randn(2, 4, 3, 3)
     torch.testing.assert_close(conv(x), F.conv2d(x, effective_weight(FILTER, MASK, gamma=1.0)))
     assert list(conv.state_dict()) == ["weight"]
+
+
+def conv_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(4, 3, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(3, 2, 1, bias=False))
+
+
+def test_normalize_convolutions_keeps_state_and_load_masks_sets_each_layers_mask():
+    model = conv_model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    normalize_convolutions(model, gamma=1.0)
+    assert all(type(m) is NSConv2d for m in (model[0], model[2]))
+    assert model.state_dict().keys() == state.keys()
+    mask = torch.rand(3, 4, 3, 3) > 0.5
+    load_masks(model, {"0.weight": mask})
+    assert torch.equal(model[0].mask, mask) and model[2].mask.all()  # no mask given: all kept
+    x = torch.randn(2, 4, 5, 5)
+    hidden = F.relu(F.conv2d(x, effective_weight(state["0.weight"], mask, 1.0), state["0.bias"], padding=1))
+    torch.testing.assert_close(model(x), F.conv2d(hidden, effective_weight(state["2.weight"], torch.ones(2, 3, 1, 1, dtype=torch.bool), 1.0)))
+
+
+def test_activation_pruned_nsconv_applies_the_effective_weight_with_gradients_through_it():
+    plain, pruned = conv_model(), conv_model()
+    for model in (plain, pruned):
+        normalize_convolutions(model)
+        load_masks(model, {"0.weight": torch.arange(108).view(3, 4, 3, 3) % 3 > 0})
+    prune_activations(pruned, 0.0)  # keep every input entry: the gradients must be NSConv's exactly
+    assert type(pruned[0]) is ActivationPrunedNSConv2d
+    x = torch.randn(2, 4, 5, 5)
+    torch.testing.assert_close(pruned(x), plain(x))
+    plain(x).square().sum().backward()
+    pruned(x).square().sum().backward()
+    for a, b in zip(plain.parameters(), pruned.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_applied_weights_give_the_dense_gradient_the_stored_weights_mask():
+    model = normalize_convolutions(conv_model())
+    mask = torch.arange(108).view(3, 4, 3, 3) % 3 > 0
+    load_masks(model, {"0.weight": mask})
+    x = torch.randn(2, 4, 5, 5)
+    (stored,) = torch.autograd.grad(model(x).sum(), [model[0].weight])
+    assert not stored[~mask].any()  # the standardisation masks the stored weight's gradient
+    with applied_weights(model) as applied:
+        torch.testing.assert_close(model(x), model(x).detach())
+        (dense,) = torch.autograd.grad(model(x).sum(), [applied["0.weight"]])
+    assert dense[~mask].abs().min() > 0  # pruned entries get a gradient to grow by
+    assert model[0].held_weight is None
+
+
+def reference_effective_weight(weight, mask, gamma):
+    """Eq. 7 over c_in written out, differentiated by autograd."""
+    flat, keep = weight.flatten(1), mask.flatten(1).to(weight.dtype)
+    count = keep.sum(1, keepdim=True)
+    mean = (flat * keep).sum(1, keepdim=True) / count
+    sigma = torch.sqrt((((flat - mean) * keep) ** 2).sum(1, keepdim=True) / count + 1e-5)
+    return (gamma * math.sqrt(weight.shape[1]) * (flat - mean) / sigma * keep).view_as(weight) / weight.shape[1]
+
+
+def test_the_written_out_backward_is_autograds_through_the_formula():
+    weight = torch.randn(3, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(3, 4, 3, 3) > 0.6
+    grad = torch.randn(3, 4, 3, 3, dtype=torch.float64)
+    (expected,) = torch.autograd.grad(reference_effective_weight(weight, mask, 1.3), weight, grad)
+    (written,) = torch.autograd.grad(effective_weight(weight, mask, 1.3), weight, grad)
+    torch.testing.assert_close(written, expected)
+    torch.testing.assert_close(effective_weight(weight, mask, 1.3), reference_effective_weight(weight, mask, 1.3))
+    assert torch.autograd.gradcheck(lambda w: effective_weight(w, mask, 1.3), (weight,))
