@@ -1,26 +1,40 @@
 """The numbers behind `hfl budget`: per-block and per-width training memory, the tiers' budgets,
-and the levels a method defines (ScaleFL's split ratios, NeFL's sub-models, with their costs)."""
+the levels a method defines (ScaleFL's split ratios, NeFL's sub-models, with their costs), and for
+the sparse-training methods FedMef's Table 1 / Table 5 form (`sparse_rows`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import Counter
 from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from hfl.accounting.amounts import parse_width
 from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
-from hfl.backends.base import ClientEnvironment
-from hfl.config import ExperimentConfig
-from hfl.methods.base import describe_task
+from hfl.backends.base import ClientEnvironment, build_model_for
+from hfl.config import ExperimentConfig, build_dataclass
+from hfl.methods.base import Method, describe_task
+from hfl.methods.fedtiny import Adjustment
+from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
+from hfl.pruning.masks import prunable_keys
+from hfl.registry import METHODS
 from hfl.types import RoundContext, TrainSettings
 
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
+SPARSITIES = (0.8, 0.9, 0.95)
+"""FedMef's Table 1 columns."""
+SPARSE_TABLE_METHODS = ("fedavg", "flpqsu", "feddst", "fedtiny", "fedmef")
 
 
-def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int) -> RoundContext:
+def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, round_: int = 1) -> RoundContext:
     fl = config.fl
     settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr)
-    return RoundContext(1, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
+    return RoundContext(round_, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
 
 
 def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
@@ -90,6 +104,115 @@ def tier_rows(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str
     return tiers
 
 
+def table_method(config: ExperimentConfig, env: ClientEnvironment, name: str, sparsity: float) -> Method:
+    """Method `name` at `sparsity` on the experiment's data and model, with the configured mask
+    schedule, its own norm (`model.norm=auto`: the method's) and its own accountant."""
+    cls = METHODS.get(name)
+    fields: dict[str, Any] = {"name": name}
+    if issubclass(cls, SparseStart):
+        fields["sparsity"] = sparsity
+    if issubclass(cls.Config, AdjustedSparseConfig) and isinstance(config.method, AdjustedSparseConfig):
+        fields.update(adjust_every=config.method.adjust_every, stop_round=config.method.stop_round)
+    method_config = build_dataclass(cls.Config, fields, "method.")
+    own = dataclasses.replace(config, method=method_config)
+    accountant = dataclasses.replace(env.accountant, build=lambda width: build_model_for(own, env.data, width), _cache={})
+    resources = dataclasses.replace(
+        env.method.resources,
+        model=build_model_for(own, env.data),
+        build=lambda width, norm=None: build_model_for(own, env.data, width, norm),
+        accountant=accountant,
+    )
+    return cls(method_config, resources)
+
+
+def layer_forward_flops(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, dict[str, int]]:
+    """Forward FLOPs of one sample: the whole model's, and per module (by name) that owns a weight."""
+    root = type(model).__name__
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(torch.zeros(1, *input_shape))
+    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    per_module = {name: counts.get(f"{root}.{name}", 0) for name, _ in model.named_modules() if name}
+    return counts.get("Global", 0), per_module
+
+
+def activation_elements(model: nn.Module, input_shape: tuple[int, ...], batch_size: int) -> int:
+    """n_a of FedMef's F_o: the input entries of every Conv2d and Linear in one batch (what SAP sorts)."""
+    total = 0
+
+    def count(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        nonlocal total
+        total += inputs[0].numel()
+
+    hooks = [m.register_forward_pre_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    with torch.no_grad():
+        model.eval()(torch.zeros(batch_size, *input_shape))
+    for hook in hooks:
+        hook.remove()
+    return total
+
+
+def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tuple[float, ...] = SPARSITIES) -> list[dict[str, Any]]:
+    """FedMef's Table 1 / Table 5 quantities for one client of the mean partition size in one
+    adjustment round (the first, round ΔR), per method and sparsity (FedAvg once, dense):
+
+    - params: the global model's weights in the appendix's sparse storage by density;
+    - activations: the bytes autograd saves for backward in one batch, measured on the client's model
+      (SAP's compressed copies for FedMef); peak: hfl's measured training peak;
+    - paper_memory: the appendix's estimate from these, 2M_p + 2M_a (FedAvg, FL-PQSU), + M_ξ (FedDST,
+      FedTiny), 2M_p + M_a(SAP) + M_a(dense) + M_ξ (FedMef), M_ξ the top-ξ gradients and positions;
+    - train_flops: the appendix's round total, 3F·N·E for dense or static training, with the last batch
+      a dense gradient (2F_d) for the dynamic methods and F_o = 4(1 − s)n_θ + n_a·log₂n_a added per
+      batch for FedMef; F_s the forward FLOPs with every layer's scaled by its density (2 FLOPs per
+      multiply-add; the paper counts one, which cancels in the ratios);
+    - exchange: bytes down and up (sparse weights, FedTiny's and FedMef's uploaded gradients)."""
+    num_samples = round(sum(len(p) for p in env.partitions) / len(env.partitions))
+    batch = min(config.fl.batch_size, num_samples)
+    adjust_round = config.method.adjust_every if isinstance(config.method, AdjustedSparseConfig) else 10
+    rows = []
+    for name in SPARSE_TABLE_METHODS:
+        for sparsity in (sparsities[:1] if name == "fedavg" else sparsities):
+            method = table_method(config, env, name, sparsity)
+            ctx = dataclasses.replace(round_one(config, env, 0, adjust_round), num_samples=num_samples)
+            task = method.plan(ctx, method.init_state())
+            cost = method.training_cost(task, batch)
+            masks = task.spec.masks
+            params = method.upload_bytes(task.spec)
+            counts = task.options.counts if isinstance(task.options, Adjustment) else {}
+            gradient_bytes = sum(counts.values()) * (4 + 4)  # float32 values and int32 positions
+            dense_flops, per_module = layer_forward_flops(method.model, env.accountant.input_shape)
+            sparse_flops = dense_flops - sum(per_module[k.rsplit(".", 1)[0]] * (1 - float(m.float().mean())) for k, m in masks.items())
+            samples = num_samples * config.fl.local_epochs
+            dynamic = name in ("feddst", "fedtiny", "fedmef")
+            if name == "fedmef":
+                n_theta = sum(method.model.state_dict()[k].numel() for k in prunable_keys(method.model))
+                n_a = activation_elements(method.model, env.accountant.input_shape, batch)
+                sparse_flops += (4 * (1 - sparsity) * n_theta + n_a * math.log2(n_a)) / batch
+                without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
+                dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
+                paper_memory = 2 * params + cost.activation_bytes + dense_activations.activation_bytes + gradient_bytes
+            else:
+                paper_memory = 2 * params + 2 * cost.activation_bytes + (gradient_bytes if dynamic else 0)
+            flops = 3 * sparse_flops * samples
+            if dynamic:  # the last batch's dense gradient replaces its sparse backward
+                flops += (2 * dense_flops - 2 * sparse_flops) * batch
+            rows.append({
+                "method": name,
+                "sparsity": 0.0 if name == "fedavg" else sparsity,
+                "param_bytes": params,
+                "activation_bytes": cost.activation_bytes,
+                "peak_bytes": cost.peak_bytes,
+                "paper_memory_bytes": paper_memory,
+                "train_flops": int(flops),
+                "bytes_down": params,
+                "bytes_up": params + gradient_bytes,
+            })
+    dense = rows[0]
+    for row in rows:
+        row["flops_ratio"] = row["train_flops"] / dense["train_flops"]
+        row["exchange_ratio"] = (row["bytes_down"] + row["bytes_up"]) / (dense["bytes_down"] + dense["bytes_up"])
+    return rows
+
+
 def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str, Any]:
     return {
         "model": config.model.name,
@@ -104,4 +227,5 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "tiers": tier_rows(config, env),
         "plans": tier_plans(config, env),
         **({"levels": ladder.rows(round_one(config, env, 0)), "levels_title": ladder.title} if (ladder := env.method.ladder) else {}),
+        **({"sparse": sparse_rows(config, env)} if isinstance(env.method, SparseStart) else {}),
     }

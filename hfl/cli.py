@@ -218,6 +218,13 @@ def command_budget(args: argparse.Namespace) -> int:
         columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
+    if report.get("sparse"):
+        print("\nSparse training, FedMef's Table 1 / Table 5 form (one client of the mean partition, one adjustment round; "
+              "memory in MiB, the paper's estimate 2M_p + 2M_a (+ M_xi), FedMef's 2M_p + M_a(SAP) + M_a(dense) + M_xi)")
+        print(table(["method", "sparsity", "params", "activations", "peak (measured)", "paper's estimate", "train GFLOPs", "x FedAvg", "down+up", "x FedAvg"],
+                    [[r["method"], f"{r['sparsity']:g}", mib(r["param_bytes"]), mib(r["activation_bytes"]), mib(r["peak_bytes"]),
+                      mib(r["paper_memory_bytes"]), f"{r['train_flops'] / 1e9:.1f}", f"{r['flops_ratio']:.3f}",
+                      mib(r["bytes_down"] + r["bytes_up"]), f"{r['exchange_ratio']:.3f}"] for r in report["sparse"]]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"\njson: {args.json}")

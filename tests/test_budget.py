@@ -9,7 +9,15 @@ changing); the tiers' budgets and the per-block costs they are formed from are."
 import pytest
 
 from hfl.backends.base import ClientEnvironment
-from hfl.budget import block_rows, round_one, tier_plans, tier_rows, width_rows
+from hfl.budget import (
+    block_rows,
+    round_one,
+    sparse_rows,
+    table_method,
+    tier_plans,
+    tier_rows,
+    width_rows,
+)
 from hfl.config import load_config
 from tests.conftest import ROOT
 
@@ -89,3 +97,25 @@ def test_scalefl_resnet110_levels_match_table_1():
     rows = env.method.level_table(round_one(config, env, 0))
     assert [(round(r["s_d"], 2), round(r["s_w"], 2)) for r in rows] == [(0.69, 0.68), (0.76, 0.75), (0.85, 0.85), (1.0, 1.0)]
     assert [round(r["params"] / 1e6, 2) for r in rows] == [0.22, 0.43, 0.85, 1.73]
+
+
+def test_sparse_table_in_fedmef_table_1_form():
+    """`hfl budget` on FedMef's Table 1 setting (ResNet-18, batch 64, 32x32) at s = 0.8: the numbers
+    benchmarks/RESULTS.md quotes, and the relations the appendix's formulas imply."""
+    config, env = environment("fedmef_table1/fedmef.yaml")
+    rows = {r["method"]: r for r in sparse_rows(config, env, (0.8,))}
+    assert list(rows) == ["fedavg", "flpqsu", "feddst", "fedtiny", "fedmef"]
+    printed = {m: (mib(r["param_bytes"]), mib(r["activation_bytes"]), mib(r["peak_bytes"]), mib(r["paper_memory_bytes"])) for m, r in rows.items()}
+    assert printed["fedavg"] == (42.66, 286.16, 355.47, 657.65)
+    assert printed["fedmef"] == (12.47, 66.58, 191.07, 277.07)
+    dense, tiny, dst, mef = rows["fedavg"], rows["fedtiny"], rows["feddst"], rows["fedmef"]
+    assert dense["flops_ratio"] == dense["exchange_ratio"] == 1.0
+    assert dense["bytes_up"] == dense["bytes_down"] == dense["param_bytes"]  # FedAvg: 2·O_d
+    assert dst["bytes_up"] == dst["param_bytes"]  # FedDST: 2·O_s, no gradients uploaded
+    ctx = round_one(config, env, 0, config.method.adjust_every)
+    fedtiny = table_method(config, env, "fedtiny", 0.8)
+    xi = sum(fedtiny.plan(ctx, fedtiny.init_state()).options.counts.values())
+    assert tiny["bytes_up"] - tiny["param_bytes"] == 8 * xi  # FedTiny's top-ξ values and int32 positions
+    assert tiny["train_flops"] == dst["train_flops"] and mef["train_flops"] > tiny["train_flops"]  # F_o
+    assert mef["activation_bytes"] < tiny["activation_bytes"] / 4 and mef["peak_bytes"] < tiny["peak_bytes"]
+    assert rows["flpqsu"]["param_bytes"] < dense["param_bytes"] * 0.3

@@ -56,3 +56,15 @@ def test_quickstart_reaches_what_the_readme_states(tmp_path):
                    check=True, capture_output=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rounds"] == 20 and summary["final_accuracy"] == 351 / 360
+
+
+def test_budget_prints_the_sparse_table_for_a_sparse_method(tmp_path, capsys):
+    config = ROOT / "experiments" / "fedmef_table1" / "fedmef.yaml"
+    assert main(["budget", str(config), "data.name=digits", "model.name=cnn", "fl.clients=10", "--json", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "FedMef's Table 1 / Table 5 form" in out
+    rows = json.loads((tmp_path / "b.json").read_text())["sparse"]
+    assert [(r["method"], r["sparsity"]) for r in rows][:4] == [("fedavg", 0.0), ("flpqsu", 0.8), ("flpqsu", 0.9), ("flpqsu", 0.95)]
+    assert len(rows) == 13 and sum(line.split()[:2] == ["fedmef", "0.9"] for line in out.splitlines()) == 1
+    assert main(["budget", str(ROOT / "experiments" / "quickstart.yaml")]) == 0
+    assert "Table 1 / Table 5" not in capsys.readouterr().out  # FedAvg's own config: no sparse table

@@ -60,7 +60,10 @@ def test_nefl_comparison_omits_blocks_per_stage_on_the_resnet56_family(tmp_path)
 
 
 def test_fedmef_comparison_gives_the_sparsity_to_the_pruning_methods_only(tmp_path):
-    calls = calls_of(ROOT / "experiments" / "fedmef_table1" / "compare.sh", tmp_path, "method.sparsity=0.8", "fl.rounds=1")
+    calls = calls_of(ROOT / "experiments" / "fedmef_table1" / "compare.sh", tmp_path, "method.sparsity=0.8", "fl.rounds=1",
+                     "method.adjust_every=4", "method.stop_round=24")
     given = {Path(c[1]).stem for c in calls[:-1] if "method.sparsity=0.8" in c}
     assert given == {"flpqsu", "feddst", "fedtiny", "fedmef"}
+    for override in ("method.adjust_every=4", "method.stop_round=24"):
+        assert {Path(c[1]).stem for c in calls[:-1] if override in c} == {"feddst", "fedtiny", "fedmef"}
     assert all("fl.rounds=1" in c for c in calls[:-1])

@@ -56,4 +56,4 @@ class SparseStart(Method):
 
     def initial_global_state(self) -> StateDict:
         dense = super().initial_global_state()
-        return {k: v * self.initial_masks[k] if k in self.initial_masks else v for k, v in dense.items()}
+        return {k: v * self.initial_masks[k].to(v.device) if k in self.initial_masks else v for k, v in dense.items()}

@@ -25,7 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.pruning.nsconv import NSConv2d, effective_scale, effective_weight, standardization_backward
+from hfl.pruning.nsconv import (
+    NSConv2d,
+    effective_scale,
+    effective_weight,
+    standardization_backward,
+)
 
 
 def kept_entries(numel: int, sparsity: float) -> int:
