@@ -30,19 +30,20 @@ def held_parameters(model: ScalableModel, spec: SubmodelSpec) -> int:
 
 class AnalyticCosts:
     """Parameters and forward FLOPs per sample of any split, without building it: a tensor of the
-    split has every coupled dimension at ceil(width * base) channels; a conv or linear layer costs
-    2 * weight entries * output positions FLOPs (what torch's FLOP counter counts), output positions
-    from one forward of the global model with an exit after every block."""
+    split has every coupled dimension at ceil(width * base) channels (in whole runs of its group's
+    unit); a conv or linear layer costs 2 * weight entries * output positions FLOPs (what torch's
+    FLOP counter counts), output positions from one forward of the global model with an exit after
+    every block."""
 
     def __init__(self, model: ScalableModel, exit_kind: str, input_shape: tuple[int, ...] | None) -> None:
         probe = copy.deepcopy(model)  # exits are added to the copy only
         self.blocks = len(probe.blocks())
         missing = [b for b in range(self.blocks - 1) if str(b) not in probe.exits]
         add_exits(probe, missing, exit_kind)
-        coupled: dict[str, dict[int, int]] = {}
+        coupled: dict[str, dict[int, tuple[int, int]]] = {}  # key -> dim -> (base, unit) of its group
         for group in probe.channel_groups():
             for key, dim in group.members:
-                coupled.setdefault(key, {})[dim] = group.base
+                coupled.setdefault(key, {})[dim] = (group.base, group.unit)
         positions = _output_positions(probe, input_shape) if input_shape else None
         parts = {"stem": probe.stem, "head": probe.head}
         parts.update({f"body.{i}": probe.body[i] for i in range(self.blocks)})
@@ -60,8 +61,8 @@ class AnalyticCosts:
         self._cache: dict[tuple[str, float], tuple[int, int | None]] = {}
 
     @staticmethod
-    def _entries(shape: tuple[int, ...], dims: dict[int, int], width: float) -> int:
-        return int(np.prod([scaled_channels(dims[d], width) if d in dims else n for d, n in enumerate(shape)]))
+    def _entries(shape: tuple[int, ...], dims: dict[int, tuple[int, int]], width: float) -> int:
+        return int(np.prod([scaled_channels(dims[d][0], width, dims[d][1]) if d in dims else n for d, n in enumerate(shape)]))
 
     def _part(self, name: str, width: float) -> tuple[int, int | None]:
         if (name, width) not in self._cache:

@@ -39,7 +39,7 @@ from hfl.accounting.cost import TrainingCost
 from hfl.errors import check
 from hfl.losses import kl_distillation
 from hfl.methods.base import Client, LadderConfig, Method, Resources
-from hfl.models.base import ChannelGroup, ScalableModel, scaled_channels
+from hfl.models.base import ChannelGroup, ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.copies import NormCopies, copy_keys
 from hfl.submodel.ladder import Level
@@ -122,7 +122,7 @@ def ordered_dropout(model: ScalableModel, width: float, norm: str | None, layers
         for copies in norms:
             copies.active = norm
         for layer, group in layers:
-            keep = scaled_channels(group.base, width)
+            keep = group.kept(width)
             if keep > group.size:
                 raise ValueError(f"width {width:g} needs {keep} channels of group {group.name}, the model has {group.size}")
             if keep < group.size:

@@ -169,7 +169,7 @@ class ScaleFL(Method):
         self.widths = [round(k * step, 6) for k in range(1, int(1 / step + 1e-6) + 1)]
         self.costs = AnalyticCosts(self.model, config.exit_kind, resources.accountant.input_shape)
         self._memory: dict[tuple[tuple[int, ...], int, frozenset[int]], int] = {}
-        self._bases = sorted({group.base for group in self.model.channel_groups()})
+        self._bases = sorted({(group.base, group.unit) for group in self.model.channel_groups()})
         search = partial(solve_splits, widths=self.widths, blocks=self.blocks, epsilon=config.epsilon)
         if config.levels_from == "ratios":
             self.splits = search(list(config.ratios), self._analytic_ratio)
@@ -204,7 +204,7 @@ class ScaleFL(Method):
         """Estimated training memory of a split, as the accountant estimates a client's; widths with
         the same channel counts share one measurement."""
         absolute = self.model.width * width
-        key = (tuple(scaled_channels(base, absolute) for base in self._bases), depth, exits)
+        key = (tuple(scaled_channels(base, absolute, unit) for base, unit in self._bases), depth, exits)
         if key not in self._memory:
             model = self.resources.build(absolute)
             add_exits(model, sorted(exits), self.config.exit_kind)

@@ -27,10 +27,12 @@ NORMS = ("bn", "static_bn", "none")
 statistics only (HeteroFL's static BN), or none (an identity: FedMef's NSConv models, ReLU -> conv)."""
 
 
-def scaled_channels(base: int, width: float) -> int:
-    """Channels kept at width ratio `width` of a layer with `base` channels: ceil(width * base)."""
+def scaled_channels(base: int, width: float, unit: int = 1) -> int:
+    """Channels kept at width ratio `width` of a layer with `base` channels: ceil(width * base), at
+    least one. Channels that come in runs of `unit` kept or dropped whole (an attention head's
+    dimensions) are counted in runs: `unit` * ceil(width * base / unit)."""
     # The epsilon keeps products such as 0.5 * 16 = 8.000000001 from rounding up.
-    return max(1, math.ceil(base * width - 1e-6))
+    return unit * max(1, math.ceil(base // unit * width - 1e-6))
 
 
 class ResidualBlock(nn.Module):
@@ -97,6 +99,13 @@ class ChannelGroup:
     """Channels in this model instance."""
     members: tuple[tuple[str, int], ...]
     """(state-dict key, dimension) pairs that index this group's channels."""
+    unit: int = 1
+    """Channels come in runs of `unit` that width slicing keeps or drops whole (the dimensions of
+    one attention head); 1: single channels."""
+
+    def kept(self, width: float) -> int:
+        """Channels of this group in a model at width ratio `width` (relative to width 1)."""
+        return scaled_channels(self.base, width, self.unit)
 
 
 @dataclass(frozen=True)
@@ -140,14 +149,18 @@ class ScalableModel(nn.Module):
         self._couplings: list[tuple[nn.Module, str, int, str]] = []
         self._classifiers: list[nn.Module] = []
         self._group_base: dict[str, int] = {}
+        self._group_unit: dict[str, int] = {}
         self._block_groups: list[tuple[str | None, str, bool]] = []
 
     # -- declarations made while building ---------------------------------------------------
-    def channels(self, group: str, base: int) -> int:
-        """Declare channel group `group` with `base` channels at width 1; returns this width's count."""
-        if self._group_base.setdefault(group, base) != base:
-            raise ValueError(f"channel group {group!r} declared with two base sizes")
-        return scaled_channels(base, self.width)
+    def channels(self, group: str, base: int, unit: int = 1) -> int:
+        """Declare channel group `group` with `base` channels at width 1, in runs of `unit` that
+        width slicing keeps whole (see `ChannelGroup.unit`); returns this width's count."""
+        if base % unit:
+            raise ValueError(f"channel group {group!r}: {base} channels do not split into runs of {unit}")
+        if self._group_base.setdefault(group, base) != base or self._group_unit.setdefault(group, unit) != unit:
+            raise ValueError(f"channel group {group!r} declared with two base sizes or units")
+        return scaled_channels(base, self.width, unit)
 
     def couple(self, module: nn.Module, in_group: str | None, out_group: str | None) -> nn.Module:
         """Record which groups index `module`'s output (dim 0) and input (dim 1) channels; a linear
@@ -181,7 +194,7 @@ class ScalableModel(nn.Module):
             prefix = names[id(module)]
             members[group].append((f"{prefix}.{attr}" if prefix else attr, dim))
         return [
-            ChannelGroup(g, base, scaled_channels(base, self.width), tuple(members[g]))
+            ChannelGroup(g, base, self.group_channels(g), tuple(members[g]), self._group_unit[g])
             for g, base in self._group_base.items()
         ]
 
@@ -204,9 +217,12 @@ class ScalableModel(nn.Module):
 
     def exit_points(self) -> list[ExitPoint]:
         return [
-            ExitPoint(b.index, b.out_group, scaled_channels(self._group_base[b.out_group], self.width))
-            for b in self.blocks()
+            ExitPoint(b.index, b.out_group, self.group_channels(b.out_group)) for b in self.blocks()
         ]
+
+    def group_channels(self, group: str) -> int:
+        """Channels of declared group `group` in this instance."""
+        return scaled_channels(self._group_base[group], self.width, self._group_unit[group])
 
     @property
     def exit_blocks(self) -> tuple[int, ...]:
@@ -297,6 +313,15 @@ class ScalableModel(nn.Module):
         if not self.blocks()[index].droppable and isinstance(block, ResidualBlock) and block.shortcut_modules:
             return block.branch_state_keys()
         return list(block.state_dict())
+
+    def example_batch(
+        self, batch: int, channels: int = 3, extent: int = 32, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Random inputs this model reads and targets for `F.cross_entropy(model(x), y)`, for
+        contract tests: `batch` standard-normal images of `channels` x `extent` x `extent` and a
+        class each. A model reading other inputs (token ids) overrides it."""
+        x = torch.randn(batch, channels, extent, extent, generator=generator)
+        return x, torch.randint(0, self.num_classes, (batch,), generator=generator)
 
     # -- forward ------------------------------------------------------------------------------
     def features(self, x: Tensor, upto: int | None = None) -> Tensor:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from hfl.models.base import ClassifierHead, ScalableModel, make_norm, scaled_channels
+from hfl.models.base import ClassifierHead, ScalableModel, make_norm
 
 EXIT_KINDS = ("linear", "bottleneck", "convs")
 EXIT_CONVS = 3
@@ -69,7 +69,7 @@ class ExitClassifier(nn.Module):
 
     def __init__(self, model: ScalableModel, name: str, group: str, target_bases: Sequence[int], convs: int = 0) -> None:
         super().__init__()
-        gin, cin = group, scaled_channels(model._group_base[group], model.width)
+        gin, cin = group, model.group_channels(group)
         layers: list[nn.Module] = [ConvNormReLU(model, cin, gin) for _ in range(convs)]
         for k, base in enumerate(target_bases):
             gout = f"{name}.{k}"

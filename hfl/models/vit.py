@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import ConfigError
-from hfl.models.base import ResidualBlock, ScalableModel, scaled_channels
+from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import MODELS
 
 BATCH_NORMS = ("bn", "static_bn")
@@ -207,7 +207,7 @@ class ViT(ScalableModel):
         nothing to down-sample to: a 'bottleneck' exit is the same classifier."""
         if target_bases:
             raise NotImplementedError(f"{name}: a ViT exit cannot down-sample to other channel groups")
-        exit_head = TokenClassifier(self, group, scaled_channels(self._group_base[group], self.width), self.num_classes)
+        exit_head = TokenClassifier(self, group, self.group_channels(group), self.num_classes)
         exit_head.apply(init_weights)
         return exit_head
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hfl.models.base import ScalableModel, scaled_channels
+from hfl.models.base import ScalableModel
 
 Indices = Mapping[int, Tensor]
 """dimension -> the global indices (int64) a client holds along that dimension, in client order."""
@@ -160,19 +160,21 @@ def full_spec() -> SubmodelSpec:
 
 
 def width_spec(model: ScalableModel, width: float, offsets: Mapping[str, int] | None = None) -> SubmodelSpec:
-    """Keep ceil(width * base) channels of every coupled group of `model`.
+    """Keep ceil(width * base) channels of every coupled group of `model` (whole runs of a group's
+    `unit` channels: ceil(width * base / unit) attention heads).
 
     Without `offsets` each group keeps its first channels (HeteroFL, ScaleFL, NeFL); an offset per
-    group name rolls the window, wrapping around (FedRolex)."""
+    group name rolls the window by that many units (channels, or heads), wrapping around (FedRolex)."""
     indices: dict[str, dict[int, Tensor]] = {}
     for group in model.channel_groups():
-        keep = scaled_channels(group.base, width)
+        keep = group.kept(width)
         if keep > group.size:
             raise ValueError(f"width {width} needs {keep} channels of group {group.name}, the model has {group.size}")
         offset = (offsets or {}).get(group.name, 0)
         if keep == group.size and offset == 0:
             continue
-        idx = (torch.arange(keep) + offset) % group.size
+        runs = (torch.arange(keep // group.unit) + offset) % (group.size // group.unit)
+        idx = (runs[:, None] * group.unit + torch.arange(group.unit)).flatten()
         for key, dim in group.members:
             indices.setdefault(key, {})[dim] = idx
     return SubmodelSpec(width=width, indices=indices)

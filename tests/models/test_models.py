@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hfl.models  # noqa: F401  (registers every model)
-from hfl.models.base import ResidualBlock, ScalableModel, scaled_channels
+from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import MODELS
 
 NAMES = list(MODELS)
@@ -14,7 +15,9 @@ WIDTHS = (1.0, 0.5, 0.1667)
 INPUTS = ((1, 8, 8), (3, 32, 32))  # scikit-learn digits, CIFAR
 NUM_CLASSES = 10
 
-EXPECTED_BLOCKS = {"cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54, "mobilenetv2": 18}
+EXPECTED_BLOCKS = {
+    "cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54, "mobilenetv2": 18,
+}
 
 # Exact parameter counts (3 input channels, 10 classes, width 1), next to the published sizes.
 # ResNet-56/110 use 1x1 conv + BN projections (option B), 2,752 parameters more than the
@@ -36,13 +39,15 @@ def test_expected_models_are_registered() -> None:
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_backward(name: str, width: float, shape: tuple[int, int, int]) -> None:
+    """With hfl's default objective on the inputs the model reads (a language model's token ids
+    stand in for the images): one row of class scores per target, the class dimension second."""
     model = build(name, shape[0], width)
-    x = torch.randn(2, *shape)
+    x, y = model.example_batch(2, shape[0], shape[-1])
 
     logits = model(x)
-    logits.sum().backward()
+    F.cross_entropy(logits, y).backward()
 
-    assert logits.shape == (2, NUM_CLASSES)
+    assert logits.shape == (2, NUM_CLASSES, *y.shape[1:])
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, f"no gradient for {missing}"
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
@@ -75,11 +80,11 @@ def test_channel_groups_slice_to_smaller_width(name: str, ratio: float, norm: st
             assert (key, dim) not in seen, f"{key} dim {dim} is in two groups"
             seen.add((key, dim))
             assert full_state[key].shape[dim] == group.size, (group.name, key, dim)
-            expected[key][dim] = scaled_channels(group.base, ratio)
+            expected[key][dim] = group.kept(ratio)
 
     small_shapes = {k: list(v.shape) for k, v in small.state_dict().items()}
     assert small_shapes == expected
-    assert all(g.size == scaled_channels(g.base, ratio) for g in small.channel_groups())
+    assert all(g.size == g.kept(ratio) and g.size % g.unit == 0 for g in small.channel_groups())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -91,7 +96,8 @@ def test_blocks_exits_and_depth_dropping(name: str) -> None:
     if name in EXPECTED_BLOCKS:
         assert len(blocks) == EXPECTED_BLOCKS[name]
 
-    h = model.stem(torch.randn(2, 3, 32, 32))
+    x, _ = model.example_batch(2)
+    h = model.stem(x)
     for block, exit_point, layer in zip(blocks, exits, model.body):
         out = layer(h)
         assert block.droppable == (out.shape == h.shape), block.name
@@ -108,8 +114,8 @@ def test_blocks_exits_and_depth_dropping(name: str) -> None:
         model.drop_blocks({fixed[-1]})
         assert {name for name, _ in model.body[fixed[-1]].named_children()} <= set(kept)
     model.drop_blocks(droppable)
-    logits = model(torch.randn(2, 3, 32, 32))
-    assert logits.shape == (2, NUM_CLASSES)
+    logits = model(x)
+    assert logits.shape[:2] == (2, NUM_CLASSES)
     state = model.state_dict()
     for group in model.channel_groups():
         assert all(state[k].shape[d] == group.size for k, d in group.members)
