@@ -64,7 +64,8 @@ class DataConfig:
 class ModelConfig:
     name: str = "cnn"
     """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, mobilenetv2
-    (CIFAR variant), vit (6 blocks), vit_tiny (12 blocks)."""
+    (CIFAR variant), vit (6 blocks), vit_tiny (12 blocks), gpt (a 12-block character/byte language
+    model whose vocabulary is the dataset's number of classes)."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
     norm: str = "auto"

@@ -1,6 +1,6 @@
 """Models that declare their blocks, coupled channel groups and exit points."""
 
-from hfl.models import cnn, mobilenetv2, resnet, vit  # noqa: F401  (registers the models)
+from hfl.models import cnn, gpt, mobilenetv2, resnet, vit  # noqa: F401  (registers the models)
 from hfl.models.base import (
     Block,
     ChannelGroup,
@@ -17,7 +17,8 @@ def build_model(
     name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", pretrained: str = ""
 ) -> ScalableModel:
     """Build registered model `name` at width ratio `width`; `pretrained` names torchvision's
-    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from."""
+    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from. For a
+    language model (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
     model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
     if pretrained:
         load_torchvision_resnet(model, name, pretrained)

@@ -16,7 +16,7 @@ INPUTS = ((1, 8, 8), (3, 32, 32))  # scikit-learn digits, CIFAR
 NUM_CLASSES = 10
 
 EXPECTED_BLOCKS = {
-    "cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54, "mobilenetv2": 18,
+    "cnn": 2, "preresnet20": 9, "resnet18": 8, "resnet34": 16, "resnet56": 27, "resnet110": 54, "mobilenetv2": 18, "gpt": 12,
 }
 
 # Exact parameter counts (3 input channels, 10 classes, width 1), next to the published sizes.
