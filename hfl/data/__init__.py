@@ -1,4 +1,4 @@
-"""Datasets as in-memory uint8 tensors, client partitions, and batched on-device transforms."""
+"""Datasets as in-memory uint8 tensors, client partitions, batched on-device transforms and text tokenizers."""
 
 # Imported explicitly (not scanned) so that DATASETS and PARTITIONERS are filled on import.
 from hfl.data import datasets, partitioners  # noqa: F401
@@ -10,16 +10,20 @@ from hfl.data.datasets import (
     load_dataset,
 )
 from hfl.data.partitioners import label_histogram, partition, save_label_heatmap
+from hfl.data.text import ByteTokenizer, CharTokenizer, make_tokenizer
 from hfl.data.transforms import BatchTransform
 
 __all__ = [
     "BatchTransform",
+    "ByteTokenizer",
+    "CharTokenizer",
     "ImageDataset",
     "SyntheticSpec",
     "default_cache_dir",
     "default_data_root",
     "label_histogram",
     "load_dataset",
+    "make_tokenizer",
     "partition",
     "save_label_heatmap",
 ]
