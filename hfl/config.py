@@ -49,6 +49,9 @@ class DataConfig:
     server_fraction: float = 0.0
     """Share of the training set the server keeps, without labels, for methods that distil on the
     server (FedDF); clients are partitioned from the rest."""
+    classes: tuple[int, ...] = ()
+    """Class ids to keep, in train and test, relabelled 0..k-1 in the order given (e.g. [5, 6, 7, 8, 9]:
+    CIFAR-10's dog, frog, horse, ship, truck); empty keeps every class. The model gets k outputs."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS.names())
@@ -58,6 +61,9 @@ class DataConfig:
         check_choice("augment", self.augment, ("auto", "none", "flip", "crop_flip"))
         check(0 < self.test_fraction < 1, "test_fraction", self.test_fraction, "a number in (0, 1)")
         check(0 <= self.server_fraction < 1, "server_fraction", self.server_fraction, "a number in [0, 1)")
+        # Ids beyond the dataset's classes are refused when it is loaded: only then is their number known.
+        check(len(self.classes) != 1 and len(set(self.classes)) == len(self.classes) and all(c >= 0 for c in self.classes),
+              "classes", list(self.classes), "distinct class ids >= 0, at least two (empty: every class)")
 
 
 @dataclass(frozen=True)

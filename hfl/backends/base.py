@@ -114,7 +114,7 @@ class ClientEnvironment:
         if device.type == "cuda":
             warm_up_cuda(device)
         d = config.data
-        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction)
+        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes)
         labels = data.train_y.numpy()
         server_indices, client_pool = server_split(len(labels), d.server_fraction, derive_seed(config.seed, SERVER_SPLIT_STREAM))
         parts = partition_clients(config, labels, server_indices, client_pool)

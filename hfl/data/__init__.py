@@ -8,6 +8,7 @@ from hfl.data.datasets import (
     default_cache_dir,
     default_data_root,
     load_dataset,
+    select_classes,
 )
 from hfl.data.partitioners import label_histogram, partition, save_label_heatmap
 from hfl.data.text import ByteTokenizer, CharTokenizer, make_tokenizer
@@ -26,4 +27,5 @@ __all__ = [
     "make_tokenizer",
     "partition",
     "save_label_heatmap",
+    "select_classes",
 ]

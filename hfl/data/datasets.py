@@ -20,7 +20,7 @@ import shutil
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -131,17 +131,39 @@ def load_dataset(
     *,
     test_fraction: float = 0.2,
     synthetic: SyntheticSpec | None = None,
+    classes: Sequence[int] = (),
 ) -> ImageDataset:
     """Load dataset `name` from `root`, using and filling the decoded cache in `cache_dir`.
 
     `test_fraction` only matters for datasets without an official test split (digits, synthetic);
-    `synthetic` only for the synthetic dataset (None means `SyntheticSpec()`).
+    `synthetic` only for the synthetic dataset (None means `SyntheticSpec()`); `classes`, when
+    given, keeps only those classes (see `select_classes`).
     Raises `DataNotFoundError` naming the paths looked in when the data is not there.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction}: must lie strictly between 0 and 1")
     loader: DatasetLoader = DATASETS.get(name, field="data.name")
-    return loader(root=root, cache_dir=cache_dir, download=download, test_fraction=test_fraction, synthetic=synthetic)
+    data = loader(root=root, cache_dir=cache_dir, download=download, test_fraction=test_fraction, synthetic=synthetic)
+    return select_classes(data, classes) if classes else data
+
+
+def select_classes(data: ImageDataset, classes: Sequence[int]) -> ImageDataset:
+    """`data` with only the samples of `classes`, in train and test, relabelled so that class
+    `classes[i]` becomes label i; `num_classes` is then `len(classes)` and the channel statistics
+    are those of the kept training images."""
+    ids = [int(c) for c in classes]
+    if len(ids) < 2 or len(set(ids)) != len(ids) or not all(0 <= c < data.num_classes for c in ids):
+        raise ConfigError("data.classes", ids,
+                          f"at least two distinct class ids of {data.name}, each in 0..{data.num_classes - 1} (empty: every class)")
+    new_label = torch.full((data.num_classes,), -1, dtype=torch.int64)
+    new_label[torch.tensor(ids)] = torch.arange(len(ids))
+
+    def keep(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = new_label[y]
+        kept = y >= 0
+        return x[kept], y[kept]
+
+    return _make(data.name, *keep(data.train_x, data.train_y), *keep(data.test_x, data.test_y), len(ids))
 
 
 # --------------------------------------------------------------------------------------------

@@ -99,6 +99,44 @@ def test_synthetic_classes_differ_but_overlap(tmp_path) -> None:
     assert 0.15 < accuracy < 0.8
 
 
+def test_class_subset_keeps_those_classes_relabelled_in_the_order_given(tmp_path) -> None:
+    full = load_dataset("digits", str(tmp_path), str(tmp_path))
+    upper = load_dataset("digits", str(tmp_path), str(tmp_path), classes=[5, 6, 7, 8, 9])
+    check_well_formed(upper)  # with the channel statistics of the kept training images
+    assert upper.num_classes == 5 and upper.train_y.unique().tolist() == [0, 1, 2, 3, 4]
+    for x, y, full_x, full_y in ((upper.train_x, upper.train_y, full.train_x, full.train_y),
+                                 (upper.test_x, upper.test_y, full.test_x, full.test_y)):
+        kept = full_y >= 5
+        assert torch.equal(x, full_x[kept]) and torch.equal(y, full_y[kept] - 5)
+    nine_three = load_dataset("digits", str(tmp_path), str(tmp_path), classes=[9, 3])
+    kept = (full.test_y == 9) | (full.test_y == 3)
+    assert torch.equal(nine_three.test_x, full.test_x[kept])
+    assert torch.equal(nine_three.test_y, (full.test_y[kept] == 3).long())  # 9 -> 0, 3 -> 1
+
+
+@pytest.mark.parametrize("classes", [[3, 10], [4, 4], [7]])
+def test_class_subset_refuses_ids_the_dataset_lacks(tmp_path, classes) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_dataset("digits", str(tmp_path), str(tmp_path), classes=classes)
+    assert (info.value.field, info.value.value) == ("data.classes", classes)
+    assert "digits" in info.value.allowed and "0..9" in info.value.allowed
+
+
+def test_class_subset_in_the_config_sizes_the_data_and_the_model() -> None:
+    from hfl.backends.base import ClientEnvironment
+    from hfl.config import DataConfig
+    from tests.conftest import small_config
+
+    for bad in ((2,), (1, 1), (-1, 2)):
+        with pytest.raises(ConfigError, match="^classes="):
+            DataConfig(classes=bad)
+    env = ClientEnvironment.from_config(small_config(data={"classes": [5, 6, 7, 8, 9]}))
+    assert env.data.num_classes == 5 and sorted(env.train_y.unique().tolist()) == [0, 1, 2, 3, 4]
+    assert env.method.model(env.test_x[:2]).shape == (2, 5)
+    with pytest.raises(ConfigError, match="^data.classes="):
+        ClientEnvironment.from_config(small_config(data={"classes": [5, 10]}))
+
+
 def test_default_paths_follow_environment(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("HFL_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("HFL_CACHE", str(tmp_path / "cache"))
