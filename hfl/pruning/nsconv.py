@@ -4,8 +4,12 @@ scaled activation pruning drops little.
 
 Eq. 7 reads θ̂ = γ·√c_in·(θ⊙m − μ)/σ, μ and σ the mean and population standard deviation of the
 filter's kept entries, re-masked; the paper's convolution divides by c_in, so in a standard
-convolution the effective weight is θ̂ / c_in = γ·(θ⊙m − μ)/(σ·√c_in). c_in is the input channels
-one filter sees (in_channels / groups: 1 for a depthwise convolution).
+convolution the effective weight is θ̂ / c_in = γ·(θ⊙m − μ)/(σ·√c_in). Which c_in: Theorem 1's proof
+flattens a filter into a row of ks·ks·c_in entries and gets an output variance of γ²·E[x²] only if
+the division is by that row's length, so c_in here is a filter's size, in_channels / groups × k × k
+(Brock et al.'s scaled weight standardisation; for a 1×1 convolution it is the input channels). Read
+as the input channels alone, a 3×3 layer would multiply the variance by about 9·density·γ², and a
+ResNet-18 without norms diverges (tried: 11.7 % on CIFAR-10 after 10 rounds, where FedTiny had 31 %).
 """
 
 from __future__ import annotations
@@ -74,15 +78,20 @@ def standardization_backward(
     return g.sub_(mean_g).sub_(z.mul_(mean_gz)).mul_(keep).mul_(scale / sigma).view_as(weight)
 
 
+def filter_size(weight: Tensor) -> int:
+    """The paper's c_in: the entries of one filter (in_channels / groups × kernel size)."""
+    return weight[0].numel()
+
+
 def effective_scale(weight: Tensor, gamma: float) -> float:
-    """γ·√c_in / c_in: Eq. 7's γ·√c_in and the paper's convolution dividing by c_in."""
-    return gamma / math.sqrt(weight.shape[1])
+    """γ·√c_in / c_in: Eq. 7's γ·√c_in and the paper's convolution dividing by c_in (a filter's size)."""
+    return gamma / math.sqrt(filter_size(weight))
 
 
 def standardized_filters(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:
     """Eq. 7's θ̂ for a weight (c_out, c_in, k, k) or any (c_out, ...) tensor: per output filter,
     γ·√c_in·(θ⊙m − μ)/σ over the kept entries, zero at pruned ones."""
-    return _EffectiveWeight.apply(weight, mask, gamma * math.sqrt(weight.shape[1]))
+    return _EffectiveWeight.apply(weight, mask, gamma * math.sqrt(filter_size(weight)))
 
 
 def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:

@@ -102,7 +102,8 @@ def reference_effective_weight(weight, mask, gamma):
     count = keep.sum(1, keepdim=True)
     mean = (flat * keep).sum(1, keepdim=True) / count
     sigma = torch.sqrt((((flat - mean) * keep) ** 2).sum(1, keepdim=True) / count + 1e-5)
-    return (gamma * math.sqrt(weight.shape[1]) * (flat - mean) / sigma * keep).view_as(weight) / weight.shape[1]
+    size = weight[0].numel()
+    return (gamma * math.sqrt(size) * (flat - mean) / sigma * keep).view_as(weight) / size
 
 
 def test_the_written_out_backward_is_autograds_through_the_formula():
@@ -114,3 +115,17 @@ def test_the_written_out_backward_is_autograds_through_the_formula():
     torch.testing.assert_close(written, expected)
     torch.testing.assert_close(effective_weight(weight, mask, 1.3), reference_effective_weight(weight, mask, 1.3))
     assert torch.autograd.gradcheck(lambda w: effective_weight(w, mask, 1.3), (weight,))
+
+
+def test_output_variance_is_gamma_squared_times_the_inputs_second_moment():
+    """Theorem 1: a dense NSConv maps inputs of mean μ_f, variance σ_f² to outputs of mean 0 and
+    variance γ²(σ_f² + μ_f²), for a 3×3 kernel too (c_in is the filter's size, 16·3·3 here). Centred
+    inputs: the theorem's μ_f² comes from random weights; filters standardised to mean 0 cancel it."""
+    generator = torch.Generator().manual_seed(0)
+    conv = NSConv2d(16, 64, 3, bias=False, gamma=1.5)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator) * 0.3 + 0.1)
+        x = torch.randn(8, 16, 24, 24, generator=generator) * 0.8  # σ_f² + μ_f² = 0.64
+        out = conv(x)
+    assert abs(float(out.mean())) < 0.05
+    assert float(out.var()) == pytest.approx(1.5**2 * 0.64, rel=0.1)
