@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -41,13 +42,18 @@ def save_checkpoint(out_dir: Path, state: RunState, config: dict[str, Any]) -> N
         "config": config,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
-    final = out_dir / CHECKPOINT
-    tmp = final.with_suffix(".tmp")
+    atomic_write(out_dir / CHECKPOINT, lambda f: torch.save(payload, f))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write `path` through `write(file)` into a temporary file beside it, flushed to disk, then
+    renamed over `path`: a crash, even SIGKILL, leaves the old file or the new one, never half of one."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "wb") as f:
-        torch.save(payload, f)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, final)
+    os.replace(tmp, path)
 
 
 def load_checkpoint(out_dir: Path, device: torch.device) -> tuple[RunState, dict[str, Any]]:

@@ -43,6 +43,45 @@ class RoundProgress:
             self.bar.close()
 
 
+class PretrainProgress:
+    """`hfl pretrain`'s display: a bar per member showing tokens (or images) per second and the
+    loss on a terminal, a line every 5 % of the steps otherwise."""
+
+    def __init__(self) -> None:
+        self.interactive = sys.stderr.isatty()
+        self.bar: Any = None
+
+    def on_member_start(self, depth: int, steps: int, done: int, config: Any) -> None:
+        self.depth, self.steps, self.per_step = depth, steps, config.units_per_step
+        self.unit = "tok" if config.unit == "token" else "img"
+        self.started, self.first, self.shown = time.perf_counter(), done, 0.0
+        self.every = max(1, steps // 20)
+        resumed = f", resuming at step {done}" if done else ""
+        print(f"l{depth}: {steps} steps of {self.per_step} {config.unit}s{resumed}", file=sys.stderr, flush=True)
+        if self.interactive:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=steps * self.per_step, initial=done * self.per_step, unit=self.unit, unit_scale=True,
+                            dynamic_ncols=True, desc=f"l{depth}")
+
+    def on_step(self, info: Any) -> None:
+        if self.interactive:
+            self.bar.update(self.per_step)
+            now = time.perf_counter()
+            if now - self.shown > 0.5 or info.step == info.steps:  # .item() waits for the device: not every step
+                self.shown = now
+                self.bar.set_postfix_str(f"loss={info.loss.item():.3f}")
+        elif info.step % self.every == 0 or info.step == info.steps:
+            rate = (info.step - self.first) * self.per_step / max(time.perf_counter() - self.started, 1e-9)
+            print(f"l{info.depth} step {info.step}/{info.steps}  loss {info.loss.item():.4f}  {rate:,.0f} {self.unit}/s",
+                  file=sys.stderr, flush=True)
+
+    def on_member_end(self, card: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def config_changes(config: Any, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Dotted field -> (saved value, value in `config`) for every field where they differ."""
     import yaml
@@ -130,6 +169,23 @@ def command_run(args: argparse.Namespace) -> int:
                     [[name, t["client_rounds"], mib(t["budget_bytes"]), mib(t["mean_estimated_peak_bytes"]), t["budget_violations"],
                       f"{t['mean_flops'] / 1e9:.2f}", mib(t["mean_bytes_up"])] for name, t in summary["tiers"].items()]))
     print(f"results: {out}/metrics.jsonl, {out}/summary.json")
+    return 0
+
+
+def command_pretrain(args: argparse.Namespace) -> int:
+    from hfl.models.family import family_dir, format_duration
+    from hfl.pretrain import estimate_cpu_seconds, load_pretrain_config, pretrain
+
+    config = load_pretrain_config(args.config, args.overrides)
+    estimate = estimate_cpu_seconds(config)
+    about = f", about {format_duration(estimate)} on a 2-core CPU" if estimate else ""
+    print(f"hfl: pretraining {config.model} family {config.family} (l = {', '.join(map(str, config.depths))}) on {config.corpus}, "
+          f"{config.budget:,} {config.unit}s each{about} -> {family_dir(config.cache_dir, config.family)}", file=sys.stderr)
+    cards = pretrain(config, PretrainProgress())
+    print(table(["member", "params", f"{config.unit}s seen", "train loss", "val loss", "wall s"],
+                [[f"{c['family']}:{c['depth']}", f"{c['parameters']:,}", f"{c['steps'] * config.units_per_step:,}",
+                  f"{c['final_train_loss']:.4f}", f"{c['final_val_loss']:.4f}", f"{c['wall_seconds']:.1f}"] for c in cards]))
+    print(f"weights and cards: {family_dir(config.cache_dir, config.family)}; load one with model.pretrained={config.family}:L")
     return 0
 
 
@@ -276,6 +332,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, with the config saved there "
                      "(overrides may change fl.rounds, paths, logging and device)")
     run.set_defaults(func=command_run)
+    pre = sub.add_parser("pretrain", help="pretrain a family of tiny transformers: hfl pretrain CONFIG [key=value ...] "
+                         "(run it again to resume)")
+    pre.add_argument("config", help="pretraining YAML, e.g. experiments/pretrain/lm_cpu.yaml")
+    pre.add_argument("overrides", nargs="*", help="dotted overrides such as budget=100000 depths=[3]")
+    pre.set_defaults(func=command_pretrain)
     data = sub.add_parser("data", help="print the per-client label histogram of a config's partition")
     data.add_argument("config")
     data.add_argument("overrides", nargs="*")
@@ -312,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfl: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
-        hints = {"run": "hfl run --resume OUT", "tune": "hfl tune SPACE --out OUT --resume"}
+        hints = {"run": "hfl run --resume OUT", "tune": "hfl tune SPACE --out OUT --resume", "pretrain": "the same hfl pretrain command"}
         if args.command in hints:
             print(f"hfl: interrupted; continue with: {hints[args.command]}", file=sys.stderr)
         return 130

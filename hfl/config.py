@@ -23,6 +23,7 @@ from hfl.accounting.amounts import SCENARIOS, check_amount
 from hfl.data import default_cache_dir, default_data_root
 from hfl.errors import ConfigError, check, check_choice
 from hfl.models.base import NORMS
+from hfl.models.family import is_family_source, resolve_source
 from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS
 
 
@@ -66,12 +67,17 @@ class DataConfig:
               "classes", list(self.classes), "distinct class ids >= 0, at least two (empty: every class)")
 
 
+TRANSFORMERS = ("gpt", "vit")
+"""Name prefixes of the models a pretrained family (`hfl pretrain`) can start."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "cnn"
     """Model registry key: cnn, preresnet20, resnet18, resnet34, resnet56, resnet110, mobilenetv2
     (CIFAR variant), vit (6 blocks), vit_tiny (12 blocks), gpt (a 12-block character/byte language
-    model whose vocabulary is the dataset's number of classes)."""
+    model whose vocabulary is the dataset's number of classes); CAFF's families, whose weights
+    `hfl pretrain` builds: gpt_l3, gpt_l6, gpt_l9 (and gpt) and vit_caff_l3 ... vit_caff_l12."""
     width: float = 1.0
     """Width ratio of the global model (0.1667 gives the FeDepth paper's 'FedAvg x min r')."""
     norm: str = "auto"
@@ -79,17 +85,25 @@ class ModelConfig:
     (no normalisation layers, ReLU -> conv, as FedMef's NSConv models; not for the ViT, whose layer
     norms stay), or auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
     pretrained: str = ""
-    """torchvision's ImageNet weights to start resnet18/resnet34 from (NeFL's pre-trained runs): the
-    `.pth` file, or a folder holding `resnet18-f37072fd.pth` / `resnet34-b627a593.pth` (torch's hub
-    cache, `~/.cache/torch/hub/checkpoints`); never downloaded. Empty: random initialisation."""
+    """Weights to start from. `FAMILY:L` (e.g. lm_cpu:3): the member with L blocks of a transformer
+    family `hfl pretrain` wrote to `<data.cache_dir>/pretrained/FAMILY/` (gpt*, vit* models; shapes
+    must match), or a path to such a `.safetensors` file. Otherwise torchvision's ImageNet weights to
+    start resnet18/resnet34 from (NeFL's pre-trained runs): the `.pth` file, or a folder holding
+    `resnet18-f37072fd.pth` / `resnet34-b627a593.pth` (torch's hub cache,
+    `~/.cache/torch/hub/checkpoints`); never downloaded. Empty: random initialisation."""
 
     def __post_init__(self) -> None:
+        from hfl.models.family import is_family_source
         from hfl.models.pretrained import TORCHVISION_FILES
 
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
         check_choice("norm", self.norm, ("auto", *NORMS))
-        if self.pretrained:
+        if self.pretrained and is_family_source(self.pretrained):
+            check(self.name.startswith(TRANSFORMERS), "pretrained", self.pretrained,
+                  f"empty unless name is a transformer ({', '.join(n for n in MODELS.names() if n.startswith(TRANSFORMERS))}) "
+                  f"for a pretrained family (name is {self.name})")
+        elif self.pretrained:
             check(self.name in TORCHVISION_FILES, "pretrained", self.pretrained,
                   f"empty unless name is one of {', '.join(TORCHVISION_FILES)} (name is {self.name})")
             check(self.width == 1, "width", self.width, "1 when pretrained is set (the weights are full width)")
@@ -293,6 +307,9 @@ class ExperimentConfig:
             object.__setattr__(self, "method", METHODS.get("fedavg").Config())
         if self.budgets.scenario == "per_client" and len(self.budgets.memory) != self.fl.clients:
             raise ConfigError("budgets.memory", list(self.budgets.memory), f"one amount per client ({self.fl.clients})")
+        if self.model.pretrained and is_family_source(self.model.pretrained):
+            # Before any data is loaded: a missing family is named with the command that builds it.
+            resolve_source(self.model.pretrained, self.data.cache_dir)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -31,3 +31,7 @@ BASE_ORDER_STREAM = 2**31 - 9
 """Each round's order of SplitMix's base models (which base each client trains first)."""
 MASK_STREAM = 2**31 - 10
 """The random initial mask of dynamic sparse training (FedTiny, FedMef, FedDST)."""
+PRETRAIN_DATA_STREAM = 2**31 - 11
+"""`hfl pretrain`: each step's text windows, or each epoch's order of the images."""
+PRETRAIN_AUGMENT_STREAM = 2**31 - 12
+"""`hfl pretrain`: each step's image augmentation."""

@@ -23,9 +23,9 @@ from hfl.config import load_config
 from hfl.server import run_experiment
 from hfl.tune import load_sweep
 from tests.conftest import ROOT
-from tests.golden.runs import FIXTURES, REDUCED, runs
+from tests.golden.runs import FIXTURES, REDUCED, experiment_files, runs
 
-EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))
+EXPERIMENTS = experiment_files()
 COMPARISON = sorted((ROOT / "experiments" / "scalefl_cifar10_equal_memory").glob("*.yaml"))
 PAPER_PROTOCOL = sorted((ROOT / "experiments" / "scalefl_cifar10").glob("*.yaml"))
 SWEEPS = sorted((ROOT / "tune_spaces").glob("*.yaml"))

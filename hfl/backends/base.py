@@ -24,7 +24,7 @@ from hfl.config import ExperimentConfig
 from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
-from hfl.models import ScalableModel, build_model
+from hfl.models import ScalableModel, build_model, is_family_source
 from hfl.registry import METHODS
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
@@ -241,4 +241,6 @@ def build_model_for(
     width = m.width if width is None else width
     # Narrower client models take their weights from the global state: only full width loads them.
     pretrained = m.pretrained if width == 1 else ""
-    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained)
+    # A pretrained family lives in the cache dir (`hfl pretrain` wrote it there); torchvision's weights are a path.
+    cache_dir = config.data.cache_dir if is_family_source(pretrained) else None
+    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained, cache_dir)

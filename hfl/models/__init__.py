@@ -9,18 +9,31 @@ from hfl.models.base import (
     ScalableModel,
     scaled_channels,
 )
+from hfl.models.family import FamilyLoad, is_family_source, load_family_weights
 from hfl.models.pretrained import PretrainedLoad, load_torchvision_resnet
 from hfl.registry import MODELS
 
 
 def build_model(
-    name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", pretrained: str = ""
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    width: float = 1.0,
+    norm: str = "bn",
+    pretrained: str = "",
+    cache_dir: str | None = None,
 ) -> ScalableModel:
-    """Build registered model `name` at width ratio `width`; `pretrained` names torchvision's
-    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from. For a
+    """Build registered model `name` at width ratio `width`; `pretrained` names weights to start
+    from: a member of a family `hfl pretrain` wrote (`family:l`, looked for in
+    `<cache_dir>/pretrained/`, cache_dir defaulting to $HFL_CACHE) or a `.safetensors` file, else
+    torchvision's ImageNet weights for resnet18/resnet34 (a file, or a folder holding it). For a
     language model (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
     model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
-    if pretrained:
+    if pretrained and is_family_source(pretrained):
+        from hfl.data.datasets import default_cache_dir
+
+        load_family_weights(model, pretrained, cache_dir or default_cache_dir(), name)
+    elif pretrained:
         load_torchvision_resnet(model, name, pretrained)
     return model
 
@@ -29,10 +42,13 @@ __all__ = [
     "Block",
     "ChannelGroup",
     "ExitPoint",
+    "FamilyLoad",
     "PretrainedLoad",
     "ResidualBlock",
     "ScalableModel",
     "build_model",
+    "is_family_source",
+    "load_family_weights",
     "load_torchvision_resnet",
     "scaled_channels",
 ]

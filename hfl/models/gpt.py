@@ -219,6 +219,24 @@ class GPT(ScalableModel):
 @MODELS.register("gpt")
 def gpt(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> GPT:
     """CAFF's tiny language model at its deepest (embedding 96, 3 heads, context 256, 12 blocks),
-    over a vocabulary of `num_classes` token ids; `in_channels` is ignored. `GPT(vocab_size,
-    depth=l)` builds the family's other members (l = 3, 6, 9)."""
+    over a vocabulary of `num_classes` token ids; `in_channels` is ignored. `gpt_l3`, `gpt_l6` and
+    `gpt_l9` are the family's other members, whose weights `hfl pretrain` builds."""
     return GPT(num_classes, width, norm)
+
+
+@MODELS.register("gpt_l3")
+def gpt_l3(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> GPT:
+    """CAFF's tiny language model with 3 blocks (`hfl pretrain`'s `l3` members)."""
+    return GPT(num_classes, width, norm, depth=3)
+
+
+@MODELS.register("gpt_l6")
+def gpt_l6(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> GPT:
+    """CAFF's tiny language model with 6 blocks."""
+    return GPT(num_classes, width, norm, depth=6)
+
+
+@MODELS.register("gpt_l9")
+def gpt_l9(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> GPT:
+    """CAFF's tiny language model with 9 blocks."""
+    return GPT(num_classes, width, norm, depth=9)

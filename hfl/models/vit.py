@@ -224,3 +224,29 @@ def vit_tiny(in_channels: int, num_classes: int, width: float = 1.0, norm: str =
     """DeiT-Tiny's shape (Touvron et al. 2021: dim 192, 12 blocks, 3 heads) with 4x4 patches for
     32x32 inputs: 12 encoder blocks, as ViT-B/16 in NeFL's depth-scaling tables."""
     return ViT(in_channels, num_classes, width, norm, patch_size=4, dim=192, depth=12, heads=3)
+
+
+# CAFF's ViT family (Pfeiffer et al. 2024, section 4.1): embedding 192, 6 heads, 4x4 patches and
+# l = 3, 6, 9 or 12 blocks, the shapes `hfl pretrain experiments/pretrain/vit_*.yaml` pretrains.
+@MODELS.register("vit_caff_l3")
+def vit_caff_l3(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ViT:
+    """CAFF's ViT with 3 blocks (embedding 192, 6 heads, 4x4 patches, 32x32 inputs)."""
+    return ViT(in_channels, num_classes, width, norm, patch_size=4, dim=192, depth=3, heads=6)
+
+
+@MODELS.register("vit_caff_l6")
+def vit_caff_l6(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ViT:
+    """CAFF's ViT with 6 blocks."""
+    return ViT(in_channels, num_classes, width, norm, patch_size=4, dim=192, depth=6, heads=6)
+
+
+@MODELS.register("vit_caff_l9")
+def vit_caff_l9(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ViT:
+    """CAFF's ViT with 9 blocks."""
+    return ViT(in_channels, num_classes, width, norm, patch_size=4, dim=192, depth=9, heads=6)
+
+
+@MODELS.register("vit_caff_l12")
+def vit_caff_l12(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> ViT:
+    """CAFF's ViT with 12 blocks."""
+    return ViT(in_channels, num_classes, width, norm, patch_size=4, dim=192, depth=12, heads=6)

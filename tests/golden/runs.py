@@ -35,10 +35,19 @@ METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "feddst", "fedepth", "fedm
 TIMINGS = ("wall_seconds", "seconds")
 
 
+PRETRAIN_CONFIGS = ROOT / "experiments" / "pretrain"
+"""`hfl pretrain`'s configs: pretraining families, not experiments (tests/test_pretrain.py loads them)."""
+
+
+def experiment_files() -> list[Path]:
+    """Every experiment YAML in experiments/."""
+    return [p for p in sorted((ROOT / "experiments").rglob("*.yaml")) if PRETRAIN_CONFIGS not in p.parents]
+
+
 def runs() -> dict[str, tuple[Path, list[str]]]:
     """Run name -> (experiment file, overrides)."""
     found: dict[str, tuple[Path, list[str]]] = {}
-    for path in sorted((ROOT / "experiments").rglob("*.yaml")):
+    for path in experiment_files():
         name = str(path.relative_to(ROOT / "experiments").with_suffix("")).replace("/", "__")
         extra = ["method.distill_steps=5"] if "feddf" in path.stem else []
         found[f"experiment__{name}"] = (path, REDUCED + extra)
