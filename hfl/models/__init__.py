@@ -14,12 +14,14 @@ from hfl.registry import MODELS
 
 
 def build_model(
-    name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", pretrained: str = ""
+    name: str, in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", pretrained: str = "", depth: int = 0
 ) -> ScalableModel:
     """Build registered model `name` at width ratio `width`; `pretrained` names torchvision's
-    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from. For a
-    language model (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
-    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
+    ImageNet weights for resnet18/resnet34 (a file, or a folder holding it) to start from; `depth`,
+    for a model built in several depths (gpt), its body blocks (0: its own). For a language model
+    (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
+    options = {"depth": depth} if depth else {}
+    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm, **options)
     if pretrained:
         load_torchvision_resnet(model, name, pretrained)
     return model
