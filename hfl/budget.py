@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from hfl.accounting.amounts import parse_width
 from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
+from hfl.accounting.flops import FlopCounterMode
 from hfl.backends.base import ClientEnvironment, build_model_for
 from hfl.config import ExperimentConfig, build_dataclass
 from hfl.methods.base import Method, describe_task
@@ -125,18 +125,18 @@ def table_method(config: ExperimentConfig, env: ClientEnvironment, name: str, sp
     return cls(method_config, resources)
 
 
-def layer_forward_flops(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, dict[str, int]]:
-    """Forward FLOPs of one sample: the whole model's, and per module (by name) that owns a weight."""
+def layer_forward_flops(model: nn.Module, sample: torch.Tensor) -> tuple[int, dict[str, int]]:
+    """Forward FLOPs of one sample (a batch of one): the whole model's, and per module (by name) that owns a weight."""
     root = type(model).__name__
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.eval()(torch.zeros(1, *input_shape))
+        model.eval()(sample)
     counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
     per_module = {name: counts.get(f"{root}.{name}", 0) for name, _ in model.named_modules() if name}
     return counts.get("Global", 0), per_module
 
 
-def activation_elements(model: nn.Module, input_shape: tuple[int, ...], batch_size: int) -> int:
-    """n_a of FedMef's F_o: the input entries of every Conv2d and Linear in one batch (what SAP sorts)."""
+def activation_elements(model: nn.Module, batch: torch.Tensor) -> int:
+    """n_a of FedMef's F_o: the input entries of every Conv2d and Linear in one `batch` (what SAP sorts)."""
     total = 0
 
     def count(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
@@ -145,7 +145,7 @@ def activation_elements(model: nn.Module, input_shape: tuple[int, ...], batch_si
 
     hooks = [m.register_forward_pre_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     with torch.no_grad():
-        model.eval()(torch.zeros(batch_size, *input_shape))
+        model.eval()(batch)
     for hook in hooks:
         hook.remove()
     return total
@@ -179,13 +179,13 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
             params = method.upload_bytes(task.spec)
             counts = task.options.counts if isinstance(task.options, Adjustment) else {}
             gradient_bytes = sum(counts.values()) * (4 + 4)  # float32 values and int32 positions
-            dense_flops, per_module = layer_forward_flops(method.model, env.accountant.input_shape)
+            dense_flops, per_module = layer_forward_flops(method.model, env.accountant.zero_inputs(1))
             sparse_flops = dense_flops - sum(per_module[k.rsplit(".", 1)[0]] * (1 - float(m.float().mean())) for k, m in masks.items())
             samples = num_samples * config.fl.local_epochs
             dynamic = name in ("feddst", "fedtiny", "fedmef")
             if name == "fedmef":
                 n_theta = sum(method.model.state_dict()[k].numel() for k in prunable_keys(method.model))
-                n_a = activation_elements(method.model, env.accountant.input_shape, batch)
+                n_a = activation_elements(method.model, env.accountant.zero_inputs(batch))
                 sparse_flops += (4 * (1 - sparsity) * n_theta + n_a * math.log2(n_a)) / batch
                 without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
                 dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
@@ -219,6 +219,7 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "model_width": config.model.width,
         "dataset": config.data.name,
         "input_shape": list(env.accountant.input_shape),
+        "input_kind": env.data.input_kind,
         "batch_size": config.fl.batch_size,
         "optimizer": env.accountant.optimizer,
         "blocks": block_rows(config, env),

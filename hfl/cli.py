@@ -32,6 +32,8 @@ class RoundProgress:
     def on_round(self, record: dict[str, Any]) -> None:
         acc = record["accuracy"]
         text = f"acc={acc:.4f}" if acc is not None else "acc=n/a"
+        if record.get("perplexity") is not None:
+            text += f" ppl={record['perplexity']:.3f}"
         if self.interactive:
             self.bar.set_postfix_str(text)
             self.bar.update(1)
@@ -192,10 +194,15 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_data(args: argparse.Namespace) -> int:
     from hfl.backends.base import ClientEnvironment
     from hfl.config import load_config
-    from hfl.data import label_histogram, save_label_heatmap
+    from hfl.data import TokenDataset, label_histogram, save_label_heatmap
 
     config = load_config(args.config, args.overrides)
     env = ClientEnvironment.from_config(config)
+    if isinstance(env.data, TokenDataset):
+        print_text_clients(config, env.data)
+        if args.png:
+            print(f"hfl: no heat map written to {args.png}: {config.data.name}'s samples are token windows, without labels", file=sys.stderr)
+        return 0
     parts = [p.numpy() for p in env.partitions]
     hist = label_histogram(env.data.train_y.numpy(), parts, env.data.num_classes)
     d = config.data
@@ -212,6 +219,16 @@ def command_data(args: argparse.Namespace) -> int:
         save_label_heatmap(hist, args.png, title=f"{d.name} {d.partition} alpha={d.alpha}")
         print(f"heat map: {args.png}")
     return 0
+
+
+def print_text_clients(config: Any, data: Any) -> None:
+    """`hfl data` for a text dataset with its own clients: each client's name and windows."""
+    train, test = data.sizes("train"), data.sizes("test")
+    print(f"{data.name}: {train.sum()} train / {test.sum()} test windows of {data.seq_len} tokens (targets: the next token at "
+          f"every position), partition {config.data.partition}, {len(data.clients)} clients")
+    print(table(["client", "name", "train", "test"], [[i, name, int(a), int(b)] for i, (name, a, b) in enumerate(zip(data.clients, train, test))]))
+    print(f"samples per client: min {train.min()}, mean {train.mean():.1f}, max {train.max()}; "
+          f"test windows per client: min {test.min()}, mean {test.mean():.1f}, max {test.max()}")
 
 
 def mib(n: float | None) -> str:
@@ -249,7 +266,7 @@ def command_budget(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     report = budget_report(config, ClientEnvironment.from_config(config))
-    shape = "x".join(map(str, report["input_shape"]))
+    shape = "x".join(map(str, report["input_shape"])) + (" token ids" if report["input_kind"] == "tokens" else "")
     print(f"{report['model']} (width {report['model_width']:g}) on {report['dataset']} {shape}, batch {report['batch_size']}, "
           f"optimizer {report['optimizer']}; memory in MiB\n")
     print("Training one block (FeDepth's unit: that block and the head trained, the other blocks frozen)")

@@ -7,6 +7,7 @@ and a Python caller all get the same error: the field, the value and what is all
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import types
 import typing
@@ -20,7 +21,8 @@ import hfl.backends
 import hfl.methods
 import hfl.models  # noqa: F401  (with hfl.data, these fill the registries whose names the config checks)
 from hfl.accounting.amounts import SCENARIOS, check_amount
-from hfl.data import default_cache_dir, default_data_root
+from hfl.data import NATURAL_CLIENTS, default_cache_dir, default_data_root
+from hfl.data.partitioners import NATURAL
 from hfl.errors import ConfigError, check, check_choice
 from hfl.models.base import NORMS
 from hfl.models.family import is_family_source, resolve_source
@@ -30,7 +32,8 @@ from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS
 @dataclass(frozen=True)
 class DataConfig:
     name: str = "digits"
-    """Dataset registry key (`hfl` lists: digits, mnist, fashion_mnist, cifar10, cifar100, svhn, cifar10_jpeg, synthetic)."""
+    """Dataset registry key: digits, mnist, fashion_mnist, cifar10, cifar100, svhn, cifar10_jpeg, synthetic (images) or
+    shakespeare (LEAF's next-character task, a client per play role; `hfl.data.tokens`)."""
     root: str = field(default_factory=default_data_root)
     """Folder holding `<name>/` in torchvision's layout; default env HFL_DATA, else ~/.cache/hfl."""
     cache_dir: str = field(default_factory=default_cache_dir)
@@ -38,7 +41,8 @@ class DataConfig:
     download: bool = False
     """Allow torchvision to download a missing dataset (needs the network)."""
     partition: str = "dirichlet"
-    """How training data is split over clients: iid, dirichlet (balanced sizes), dirichlet_unbalanced, pathological."""
+    """How training data is split over clients: iid, dirichlet (balanced sizes), dirichlet_unbalanced, pathological;
+    natural for a dataset that brings its own clients (shakespeare), and only for one."""
     alpha: float = 0.5
     """Dirichlet concentration; smaller is more skewed."""
     labels_per_client: int = 2
@@ -53,10 +57,24 @@ class DataConfig:
     classes: tuple[int, ...] = ()
     """Class ids to keep, in train and test, relabelled 0..k-1 in the order given (e.g. [5, 6, 7, 8, 9]:
     CIFAR-10's dog, frog, horse, ship, truck); empty keeps every class. The model gets k outputs."""
+    seq_len: int = 80
+    """Text datasets (shakespeare): tokens per sample (LEAF's 80). A sample is a window of seq_len characters and
+    its target the window shifted by one, the next character at every position (the GPT predicts them all);
+    LEAF's split of each role's text also depends on it. At most the model's context (the GPT's 256)."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS.names())
-        check_choice("partition", self.partition, PARTITIONERS.names())
+        check_choice("partition", self.partition, [*PARTITIONERS.names(), NATURAL])
+        if self.name in NATURAL_CLIENTS:
+            check(self.partition == NATURAL, "partition", self.partition,
+                  f"{NATURAL} for {self.name}: its clients come with the data (fl.clients picks that many of them)")
+            check(self.server_fraction == 0, "server_fraction", self.server_fraction,
+                  f"0 for {self.name}: every training sample belongs to one of its own clients")
+        else:
+            check(self.partition != NATURAL, "partition", self.partition,
+                  f"one of {', '.join(PARTITIONERS.names())} for {self.name} ({NATURAL} is for datasets with their own clients: "
+                  f"{', '.join(sorted(NATURAL_CLIENTS))})")
+        check(self.seq_len >= 1, "seq_len", self.seq_len, "an integer >= 1")
         check(self.alpha > 0, "alpha", self.alpha, "a number > 0")
         check(self.labels_per_client >= 1, "labels_per_client", self.labels_per_client, "an integer >= 1")
         check_choice("augment", self.augment, ("auto", "none", "flip", "crop_flip"))
@@ -91,6 +109,9 @@ class ModelConfig:
     start resnet18/resnet34 from (NeFL's pre-trained runs): the `.pth` file, or a folder holding
     `resnet18-f37072fd.pth` / `resnet34-b627a593.pth` (torch's hub cache,
     `~/.cache/torch/hub/checkpoints`); never downloaded. Empty: random initialisation."""
+    depth: int = 0
+    """Body blocks, for a model built in several depths (gpt: CAFF's family is 3, 6, 9 and 12 blocks; any depth >= 1
+    builds); 0: the model's own depth."""
 
     def __post_init__(self) -> None:
         from hfl.models.family import is_family_source
@@ -98,6 +119,10 @@ class ModelConfig:
 
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
+        check(self.depth >= 0, "depth", self.depth, "an integer >= 0 (0: the model's own depth)")
+        if self.depth:
+            deep = [name for name in MODELS.names() if "depth" in inspect.signature(MODELS.get(name)).parameters]
+            check(self.name in deep, "depth", self.depth, f"0 for {self.name}: only {', '.join(deep)} take a depth")
         check_choice("norm", self.norm, ("auto", *NORMS))
         if self.pretrained and is_family_source(self.pretrained):
             check(self.name.startswith(TRANSFORMERS), "pretrained", self.pretrained,
@@ -115,7 +140,8 @@ class FLConfig:
     rounds: int = 20
     """Communication rounds."""
     clients: int = 20
-    """Number of clients the training data is split over."""
+    """Number of clients the training data is split over; for a dataset with its own clients (data.partition=natural),
+    how many of them take part: a subset drawn with the seed, at most all of them."""
     fraction: float = 1.0
     """Share of clients sampled each round (at least one)."""
     local_epochs: int = 1

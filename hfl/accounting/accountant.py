@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from hfl.accounting.cost import (
     Step,
     TrainingCost,
     cross_entropy_step,
     measure_training_cost,
+    zero_inputs,
 )
 from hfl.models.base import ScalableModel
 
@@ -34,10 +36,13 @@ class Accountant:
     build: ModelFactory
     """Builds the plain model (no method's changes) at an absolute width ratio."""
     input_shape: tuple[int, ...]
+    """One sample as the model reads it: C x H x W, or the sequence of token ids."""
     num_classes: int
     optimizer: str = "sgd_momentum"
     weight_decay: float = 0.0
     """The clients' weight decay: the optimiser's temporaries depend on it."""
+    input_dtype: torch.dtype = torch.float32
+    """float32: normalised images; int64: token ids, with a target token at every position."""
     _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
 
     def measure(
@@ -47,8 +52,12 @@ class Accountant:
         optimiser and weight decay); uncached."""
         return measure_training_cost(
             model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
-            record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay,
+            record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay, input_dtype=self.input_dtype,
         )
+
+    def zero_inputs(self, size: int) -> Tensor:
+        """`size` all-zero inputs of this experiment's shape and dtype (for probing shapes and FLOPs)."""
+        return zero_inputs(self.input_shape, size, self.input_dtype)
 
     def cost(self, key: Hashable, build: Callable[[], nn.Module], batch_size: int, step: Step = cross_entropy_step) -> TrainingCost:
         """The cost of training the model `build()` makes (its `requires_grad` flags say what

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from hfl.accounting.cost import zero_inputs
 from hfl.models.base import ScalableModel, scaled_channels
 from hfl.models.exits import add_exits
 from hfl.submodel.spec import SubmodelSpec
@@ -35,7 +36,9 @@ class AnalyticCosts:
     FLOP counter counts), output positions from one forward of the global model with an exit after
     every block."""
 
-    def __init__(self, model: ScalableModel, exit_kind: str, input_shape: tuple[int, ...] | None) -> None:
+    def __init__(
+        self, model: ScalableModel, exit_kind: str, input_shape: tuple[int, ...] | None, input_dtype: torch.dtype = torch.float32
+    ) -> None:
         probe = copy.deepcopy(model)  # exits are added to the copy only
         self.blocks = len(probe.blocks())
         missing = [b for b in range(self.blocks - 1) if str(b) not in probe.exits]
@@ -44,7 +47,7 @@ class AnalyticCosts:
         for group in probe.channel_groups():
             for key, dim in group.members:
                 coupled.setdefault(key, {})[dim] = (group.base, group.unit)
-        positions = _output_positions(probe, input_shape) if input_shape else None
+        positions = _output_positions(probe, zero_inputs(input_shape, 2, input_dtype)) if input_shape else None
         parts = {"stem": probe.stem, "head": probe.head}
         parts.update({f"body.{i}": probe.body[i] for i in range(self.blocks)})
         parts.update({f"exits.{b}": module for b, module in probe.exits.items()})
@@ -85,7 +88,7 @@ class AnalyticCosts:
 
 
 @torch.no_grad()
-def _output_positions(model: ScalableModel, input_shape: tuple[int, ...]) -> dict[int, int]:
+def _output_positions(model: ScalableModel, x: Tensor) -> dict[int, int]:
     """Output positions (pixels; 1 for a linear layer) of every conv and linear layer, by module id."""
     positions: dict[int, int] = {}
 
@@ -97,7 +100,7 @@ def _output_positions(model: ScalableModel, input_shape: tuple[int, ...]) -> dic
     hooks = [m.register_forward_hook(record) for m in layers]
     try:
         model.train()  # batch statistics: static batch norm has no others
-        model.forward_exits(torch.zeros(2, *input_shape))
+        model.forward_exits(x)
     finally:
         for hook in hooks:
             hook.remove()

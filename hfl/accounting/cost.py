@@ -6,7 +6,12 @@ step, as a client runs them; the second with the optimiser state the first creat
 state and its temporaries, activations saved for backward, the gradients of activations. The peak
 is the largest total at any moment, plus the tensors held throughout (weights, one input batch).
 Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`), for the
-breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`.
+breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, with the CPU attention
+kernels counted too (`hfl.accounting.flops`).
+
+The batch is what the experiment's clients read: standard-normal float inputs of `input_shape`
+(C, H, W) and a class each for images, or token ids of `input_shape` (the sequence) with a target
+token at every position for a language model (`input_dtype` int64).
 
 Every tensor a step creates is either independent of the batch size or proportional to it, so the
 live total at each moment of the step is affine in the batch: the steps run at batch sizes 2 and 4
@@ -26,8 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
+from hfl.accounting.flops import FlopCounterMode
 from hfl.accounting.memory import LiveStorageTracker
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
@@ -179,8 +184,20 @@ def _measure_steps(
     return _StepMeasurement(tracker.timeline, meter.bytes, forward, backward)
 
 
-def _batch(input_shape: tuple[int, ...], num_classes: int, size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    return torch.randn(size, *input_shape, generator=gen), torch.randint(0, num_classes, (size,), generator=gen)
+def example_batch(
+    input_shape: tuple[int, ...], num_classes: int, size: int, gen: torch.Generator, input_dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """`size` random inputs and their targets: for a float dtype standard-normal inputs and a class
+    each; for an integer dtype token ids in 0..num_classes - 1 and a target id at every position."""
+    if input_dtype.is_floating_point:
+        return torch.randn(size, *input_shape, generator=gen, dtype=input_dtype), torch.randint(0, num_classes, (size,), generator=gen)
+    ids = torch.randint(0, num_classes, (size, *input_shape), generator=gen, dtype=input_dtype)
+    return ids, torch.randint(0, num_classes, (size, *input_shape), generator=gen)
+
+
+def zero_inputs(input_shape: tuple[int, ...], size: int, input_dtype: torch.dtype = torch.float32, device: str = "cpu") -> Tensor:
+    """`size` all-zero inputs a model reads (zero pixels, or token id 0), for probing shapes and FLOPs."""
+    return torch.zeros(size, *input_shape, dtype=input_dtype, device=device)
 
 
 def measure_training_cost(
@@ -193,10 +210,11 @@ def measure_training_cost(
     record_only: str | None = None,
     count_flops: bool = True,
     weight_decay: float = 0.0,
+    input_dtype: torch.dtype = torch.float32,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
-    `batch_size` inputs of `input_shape` (C, H, W) with `optimizer` ("sgd", "sgd_momentum", "adam")
-    and `weight_decay`. `record_only` names a submodule whose saved activations alone are counted;
+    `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
+    int64) with `optimizer` ("sgd", "sgd_momentum", "adam") and `weight_decay`. `record_only` names a submodule whose saved activations alone are counted;
     the peak is then that share's sum of parts (weights, gradients, optimiser state, its saved
     activations, the batch), not a timeline. Without `count_flops` the FLOPs are reported as 0 (for
     searches over many shapes). The model is copied: its weights and statistics stay unchanged."""
@@ -207,7 +225,7 @@ def measure_training_cost(
     gen = torch.Generator().manual_seed(0)
 
     def measured(size: int) -> _StepMeasurement:
-        x, y = _batch(input_shape, num_classes, size, gen)
+        x, y = example_batch(input_shape, num_classes, size, gen, input_dtype)
         with torch.random.fork_rng(devices=[]):
             return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops)
 
@@ -218,7 +236,9 @@ def measure_training_cost(
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     element = next(iter(model.parameters())).element_size()
     param_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    input_bytes = batch_size * (element * int(torch.Size(input_shape).numel()) + torch.int64.itemsize)
+    x, y = example_batch(input_shape, num_classes, 1, torch.Generator(), input_dtype)  # one sample's shapes and dtypes
+    # Float inputs are held in the model's precision; token ids and labels as int64.
+    input_bytes = batch_size * ((element if input_dtype.is_floating_point else x.element_size()) * x.numel() + y.element_size() * y.numel())
     activation_bytes = small.activation_bytes + (large.activation_bytes - small.activation_bytes) * (batch_size - 2) // 2
     optimizer_bytes = grad_bytes * OPTIMIZER_STATE_COPIES[optimizer]
     if region is not None:

@@ -21,7 +21,14 @@ from hfl.client import (
     trains_together,
 )
 from hfl.config import ExperimentConfig
-from hfl.data import BatchTransform, ImageDataset, load_dataset, partition
+from hfl.data import (
+    BatchTransform,
+    ImageDataset,
+    TokenDataset,
+    TokenWindows,
+    load_dataset,
+    partition,
+)
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
@@ -53,6 +60,21 @@ def partition_clients(config: ExperimentConfig, labels: np.ndarray, server_indic
                          alpha=d.alpha, labels_per_client=d.labels_per_client)
     except ValueError as error:  # a partitioner's own limits (pathological: labels per client, samples per label)
         raise ConfigError("data.partition", d.partition, f"a partition {d.name} allows: {error}") from None
+
+
+def natural_clients(config: ExperimentConfig, data: TokenDataset) -> TokenDataset:
+    """The dataset's own clients that take part: `fl.clients` of them, a subset drawn with the seed
+    (kept in the dataset's order), or all of them; more is a ConfigError."""
+    d, clients, available = config.data, config.fl.clients, len(data.clients)
+    if clients > available:
+        raise ConfigError("fl.clients", clients, f"at most the {available} clients of {d.name} (its speaking roles with "
+                          f"text for a training and a test window at data.seq_len={d.seq_len})")
+    if d.augment not in ("auto", "none"):
+        raise ConfigError("data.augment", d.augment, f"auto or none for {d.name}: token windows are not augmented")
+    if clients == available:
+        return data
+    chosen = np.random.default_rng(derive_seed(config.seed, PARTITION_STREAM)).choice(available, size=clients, replace=False)
+    return data.select(np.sort(chosen).tolist())
 
 
 class Backend(Protocol):
@@ -89,17 +111,19 @@ class ClientEnvironment:
     """Everything a worker process needs to train any client, built once from the config."""
 
     config: ExperimentConfig
-    data: ImageDataset
+    data: ImageDataset | TokenDataset
+    """The dataset; for text, only the clients taking part (`natural_clients`)."""
     partitions: list[Tensor]
     transform: BatchTransform | None
-    """Applied per training batch; None when nothing is augmented and `train_x` is pre-normalised."""
+    """Applied per training batch; None when nothing is augmented and `train_x` is pre-normalised
+    (or holds token ids, which are never transformed)."""
     method: Method
     device: torch.device
-    train_x: Tensor
-    train_y: Tensor
-    test_x: Tensor
+    train_x: Tensor | TokenWindows
+    train_y: Tensor | TokenWindows
+    test_x: Tensor | TokenWindows
     """Normalised once: evaluation reads it every round."""
-    test_y: Tensor
+    test_y: Tensor | TokenWindows
     accountant: Accountant
     budgets: list[ClientBudget | None]
     """Every client's budget (None: unlimited), fixed for the run."""
@@ -114,24 +138,35 @@ class ClientEnvironment:
         if device.type == "cuda":
             warm_up_cuda(device)
         d = config.data
-        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes)
-        labels = data.train_y.numpy()
-        server_indices, client_pool = server_split(len(labels), d.server_fraction, derive_seed(config.seed, SERVER_SPLIT_STREAM))
-        parts = partition_clients(config, labels, server_indices, client_pool)
-        augment = data.default_augment if d.augment == "auto" else d.augment
-        transform = BatchTransform(data.mean, data.std, augment, device)
-        train_x = data.train_x.to(device)
-        if augment == "none":  # normalise once instead of every batch of every round
-            train_x = transform(train_x, train=False)
+        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes, seq_len=d.seq_len)
+        transform: BatchTransform | None = None
+        if isinstance(data, TokenDataset):  # token ids go to the model as they are: nothing to normalise or augment
+            with torch.device("meta"):  # a model that cannot read the windows fails here, before the clients are counted
+                build_model_for(config, data)
+            data = natural_clients(config, data)
+            parts = data.client_indices()
+            server_indices, client_pool = np.zeros(0, dtype=np.int64), np.arange(len(data.train_x))
+            augment = "none"
+            train_x = data.train_x.to(device)
+        else:
+            labels = data.train_y.numpy()
+            server_indices, client_pool = server_split(len(labels), d.server_fraction, derive_seed(config.seed, SERVER_SPLIT_STREAM))
+            parts = partition_clients(config, labels, server_indices, client_pool)
+            augment = data.default_augment if d.augment == "auto" else d.augment
+            transform = BatchTransform(data.mean, data.std, augment, device)
+            train_x = data.train_x.to(device)
+            if augment == "none":  # normalise once instead of every batch of every round
+                train_x = transform(train_x, train=False)
         accountant = Accountant(
             build=lambda width: build_model_for(config, data, width),
-            input_shape=tuple(data.train_x.shape[1:]),
+            input_shape=data.input_shape,
             num_classes=data.num_classes,
             optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
             weight_decay=config.fl.weight_decay,
+            input_dtype=data.input_dtype,
         )
         _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
-        test_x = transform(data.test_x.to(device), train=False)
+        test_x = data.test_x.to(device) if transform is None else transform(data.test_x.to(device), train=False)
         unlabelled = None
         if len(server_indices):
             unlabelled = train_x[torch.as_tensor(server_indices, device=device)]
@@ -234,13 +269,20 @@ def model_norm(config: ExperimentConfig) -> str:
 
 
 def build_model_for(
-    config: ExperimentConfig, data: ImageDataset, width: float | None = None, norm: str | None = None
+    config: ExperimentConfig, data: ImageDataset | TokenDataset, width: float | None = None, norm: str | None = None
 ) -> ScalableModel:
-    """The experiment's model for `data`, at `width` and `norm` (default: the global model's)."""
+    """The experiment's model for `data`, at `width` and `norm` (default: the global model's); a
+    model that cannot read the data (images for text, a sequence past its context) is a ConfigError."""
     m = config.model
     width = m.width if width is None else width
     # Narrower client models take their weights from the global state: only full width loads them.
     pretrained = m.pretrained if width == 1 else ""
     # A pretrained family lives in the cache dir (`hfl pretrain` wrote it there); torchvision's weights are a path.
     cache_dir = config.data.cache_dir if is_family_source(pretrained) else None
-    return build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained, cache_dir)
+    model = build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained, cache_dir, m.depth)
+    if model.input_kind != data.input_kind:
+        readers = "gpt" if data.input_kind == "tokens" else "any model but gpt"
+        raise ConfigError("model.name", m.name, f"a model that reads {data.input_kind}, as {data.name} holds ({readers})")
+    if isinstance(data, TokenDataset) and data.seq_len > model.context:
+        raise ConfigError("data.seq_len", data.seq_len, f"at most the {model.context} positions {m.name} reads (its context)")
+    return model

@@ -23,13 +23,16 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 import torch
 
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
+
+if TYPE_CHECKING:
+    from hfl.data.tokens import TokenDataset
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +86,22 @@ class ImageDataset:
             if y.dtype != torch.int64 or y.shape != (x.shape[0],):
                 raise ValueError(f"{self.name}: {split}_y must be int64 of length {x.shape[0]}, got {y.dtype} {tuple(y.shape)}")
 
+    input_kind: ClassVar[str] = "images"
+    """What a model must read for this dataset (`ScalableModel.input_kind`)."""
+
     @property
     def in_channels(self) -> int:
         return int(self.train_x.shape[1])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape as a model reads it: C x H x W."""
+        return tuple(self.train_x.shape[1:])
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What a model reads: float32, the images normalised (`BatchTransform`)."""
+        return torch.float32
 
     @property
     def image_size(self) -> int:
@@ -116,11 +132,12 @@ class SyntheticSpec:
 
 
 class DatasetLoader(Protocol):
-    """What `@DATASETS.register` expects: every loader takes the same keyword arguments."""
+    """What `@DATASETS.register` expects: every loader takes the same keyword arguments (each uses
+    those that apply to it) and returns an `ImageDataset` or, for text, a `TokenDataset`."""
 
     def __call__(
-        self, *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
-    ) -> ImageDataset: ...
+        self, *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
+    ) -> ImageDataset | TokenDataset: ...
 
 
 def load_dataset(
@@ -132,18 +149,22 @@ def load_dataset(
     test_fraction: float = 0.2,
     synthetic: SyntheticSpec | None = None,
     classes: Sequence[int] = (),
-) -> ImageDataset:
+    seq_len: int = 80,
+) -> ImageDataset | TokenDataset:
     """Load dataset `name` from `root`, using and filling the decoded cache in `cache_dir`.
 
     `test_fraction` only matters for datasets without an official test split (digits, synthetic);
     `synthetic` only for the synthetic dataset (None means `SyntheticSpec()`); `classes`, when
-    given, keeps only those classes (see `select_classes`).
+    given, keeps only those classes of an image dataset (see `select_classes`); `seq_len` only for
+    text (`hfl.data.tokens`): tokens per sample.
     Raises `DataNotFoundError` naming the paths looked in when the data is not there.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction}: must lie strictly between 0 and 1")
     loader: DatasetLoader = DATASETS.get(name, field="data.name")
-    data = loader(root=root, cache_dir=cache_dir, download=download, test_fraction=test_fraction, synthetic=synthetic)
+    data = loader(root=root, cache_dir=cache_dir, download=download, test_fraction=test_fraction, synthetic=synthetic, seq_len=seq_len)
+    if classes and not isinstance(data, ImageDataset):
+        raise ConfigError("data.classes", list(classes), f"empty for {name}: its samples are token windows, with no class to select")
     return select_classes(data, classes) if classes else data
 
 
@@ -275,7 +296,7 @@ def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[n
 
 @DATASETS.register("digits")
 def _load_digits(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     """scikit-learn's 1,797 8x8 digits, split with a fixed seed (not the experiment seed)."""
     from sklearn.datasets import load_digits
@@ -291,7 +312,7 @@ def _load_digits(
 
 @DATASETS.register("synthetic")
 def _load_synthetic(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     """Seeded class-conditional images; see `make_synthetic`."""
     spec = synthetic or SyntheticSpec()
@@ -408,14 +429,14 @@ def _mnist_missing(
 
 @DATASETS.register("mnist")
 def _load_mnist(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     return _mnist_like("mnist", "MNIST", root, cache_dir, download)
 
 
 @DATASETS.register("fashion_mnist")
 def _load_fashion_mnist(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     return _mnist_like("fashion_mnist", "FashionMNIST", root, cache_dir, download)
 
@@ -459,21 +480,21 @@ def _cifar(name: str, cls_name: str, root: str, cache_dir: str, download: bool) 
 
 @DATASETS.register("cifar10")
 def _load_cifar10(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     return _cifar("cifar10", "CIFAR10", root, cache_dir, download)
 
 
 @DATASETS.register("cifar100")
 def _load_cifar100(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     return _cifar("cifar100", "CIFAR100", root, cache_dir, download)
 
 
 @DATASETS.register("svhn")
 def _load_svhn(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     from torchvision.datasets import SVHN
 
@@ -509,7 +530,7 @@ _CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "fro
 
 @DATASETS.register("cifar10_jpeg")
 def _load_cifar10_jpeg(
-    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None
+    *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
     """CIFAR-10 from a zip of JPEGs; pixels differ from the official files by about 5-7/255 (JPEG)."""
     path = Path(root) / "cifar10_jpeg" / _JPEG_ZIP

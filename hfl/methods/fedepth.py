@@ -71,20 +71,23 @@ PAPER_BLOCKS = 9
 
 def skip_to_head(h: Tensor, head_shape: Sequence[int]) -> Tensor:
     """He et al.'s parameter-free shortcut from a group's output to the head's input shape
-    (channels, height, width): strided subsampling, then zero channels appended."""
-    channels, height, width = head_shape
-    step_h, step_w = -(-h.shape[2] // height), -(-h.shape[3] // width)
-    if step_h > 1 or step_w > 1:
-        h = h[:, :, ::step_h, ::step_w]
+    (channels, height, width): strided subsampling, then zero channels appended. A sequence
+    (channels, positions: the GPT's tokens) keeps every position."""
+    channels, *extent = head_shape
+    if len(extent) == 2:
+        step_h, step_w = -(-h.shape[2] // extent[0]), -(-h.shape[3] // extent[1])
+        if step_h > 1 or step_w > 1:
+            h = h[:, :, ::step_h, ::step_w]
     if h.shape[1] > channels:
         raise ValueError(f"a group's output has {h.shape[1]} channels, more than the head's {channels}")
-    return F.pad(h, (0, 0, 0, 0, 0, channels - h.shape[1])) if h.shape[1] < channels else h
+    return F.pad(h, (0, 0) * len(extent) + (0, channels - h.shape[1])) if h.shape[1] < channels else h
 
 
-def block_output_shapes(model: ScalableModel, input_shape: Sequence[int]) -> list[tuple[int, ...]]:
-    """(channels, height, width) after every body block, from a forward pass on the meta device."""
+def block_output_shapes(model: ScalableModel, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> list[tuple[int, ...]]:
+    """(channels, height, width) (channels, sequence for tokens) after every body block, from a
+    forward pass on the meta device of inputs of `input_shape` and `dtype`."""
     probe = copy.deepcopy(model).to("meta").eval()
-    h = probe.stem(torch.empty(1, *input_shape, device="meta"))
+    h = probe.stem(torch.empty(1, *input_shape, dtype=dtype, device="meta"))
     shapes = []
     for block in probe.body:
         h = block(h)
@@ -191,13 +194,13 @@ class FeDepth(Method):
             h = model.body[i](h)
         classifier = self.classifier(model, last)
         if classifier is model.head:
-            h = skip_to_head(h, self.head_input_shape(model, x.shape[1:]))
+            h = skip_to_head(h, self.head_input_shape(model, x.shape[1:], x.dtype))
         return classifier(h)
 
-    def head_input_shape(self, model: ScalableModel, input_shape: Sequence[int]) -> tuple[int, ...]:
-        key = tuple(input_shape)
+    def head_input_shape(self, model: ScalableModel, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+        key = (tuple(input_shape), dtype)
         if key not in self._shapes:
-            self._shapes[key] = block_output_shapes(model, input_shape)
+            self._shapes[key] = block_output_shapes(model, input_shape, dtype)
         return self._shapes[key][-1]
 
     def stage_loss(self, models: Sequence[ScalableModel], x: Tensor, y: Tensor, group: Group) -> dict[str, Tensor]:
@@ -217,7 +220,8 @@ class FeDepth(Method):
         key = (group, models, batch_size)
         if key not in self._stage_costs:
             model = self.build(self.model.width)
-            self.head_input_shape(model, self.resources.accountant.input_shape)  # shapes first: not part of the measurement
+            accountant = self.resources.accountant
+            self.head_input_shape(model, accountant.input_shape, accountant.input_dtype)  # shapes first: not part of the measurement
             trainable = self.stage_parameters(model, group)
             for name, param in model.named_parameters():
                 param.requires_grad_(name in trainable)

@@ -86,12 +86,32 @@ class FjORDOptions:
     """The widest ladder width the client holds (relative to the global model)."""
 
 
-def _zero_beyond(keep: int) -> Callable[[nn.Module, Any, Tensor], Tensor]:
-    """A forward hook that zeroes a layer's output channels `keep`.. (dim 1). Padding a slice saves
-    nothing for backward (a multiplied mask would), so the masked forward costs what the plain one does."""
+FEATURES_LAST = (nn.Linear, nn.LayerNorm, nn.Embedding)
+"""Layers whose outputs hold their channels last: inside a transformer block (batch, tokens, dim).
+Convolutions and batch norms hold them at dim 1 (on 2-D outputs the two are the same)."""
+
+
+def _zero_beyond(keep: int, dim: int = 1) -> Callable[[nn.Module, Any, Tensor], Tensor]:
+    """A forward hook that zeroes a layer's output channels `keep`.. (along `dim`). Padding a slice
+    saves nothing for backward (a multiplied mask would), so the masked forward costs what the plain one does."""
 
     def hook(_module: nn.Module, _inputs: Any, out: Tensor) -> Tensor:
-        return F.pad(out[:, :keep], [0, 0] * (out.dim() - 2) + [0, out.shape[1] - keep])
+        d = dim % out.dim()
+        return F.pad(out.narrow(d, 0, keep), [0, 0] * (out.dim() - 1 - d) + [0, out.shape[d] - keep])
+
+    return hook
+
+
+def _narrow_layer_norm(keep: int) -> Callable[[nn.Module, Any, Tensor], Tensor]:
+    """A forward hook that recomputes a LayerNorm over its first `keep` channels only, zero beyond:
+    what the narrow network's LayerNorm computes (zeroing the full norm's output would leave the
+    statistics of the dropped channels in the kept ones, unlike a batch norm's per-channel ones)."""
+
+    def hook(module: nn.Module, inputs: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        x = inputs[0].narrow(-1, 0, keep)
+        weight = None if module.weight is None else module.weight[:keep]
+        bias = None if module.bias is None else module.bias[:keep]
+        return F.pad(F.layer_norm(x, (keep,), weight, bias, module.eps), [0, out.shape[-1] - keep])
 
     return hook
 
@@ -126,7 +146,11 @@ def ordered_dropout(model: ScalableModel, width: float, norm: str | None, layers
             if keep > group.size:
                 raise ValueError(f"width {width:g} needs {keep} channels of group {group.name}, the model has {group.size}")
             if keep < group.size:
-                hooks.append(layer.register_forward_hook(_zero_beyond(keep)))
+                if isinstance(layer, nn.LayerNorm):
+                    hook = _narrow_layer_norm(keep)
+                else:
+                    hook = _zero_beyond(keep, -1 if isinstance(layer, FEATURES_LAST) else 1)
+                hooks.append(layer.register_forward_hook(hook))
         yield
     finally:
         for hook in hooks:

@@ -95,5 +95,6 @@ class HeteroFL(Method):
         if self.config.masked_ce and client.classes is not None:
             present = logits.new_zeros(logits.shape[1], dtype=bool)
             present[client.classes] = True
-            logits = logits.masked_fill(~present, 0.0)
+            # Classes run along dim 1; a language model's logits have positions after them.
+            logits = logits.masked_fill(~present.view(-1, *[1] * (logits.dim() - 2)), 0.0)
         return {"loss": F.cross_entropy(logits, y)}

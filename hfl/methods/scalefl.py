@@ -167,7 +167,7 @@ class ScaleFL(Method):
         self.blocks = len(self.model.blocks())
         step = config.width_step
         self.widths = [round(k * step, 6) for k in range(1, int(1 / step + 1e-6) + 1)]
-        self.costs = AnalyticCosts(self.model, config.exit_kind, resources.accountant.input_shape)
+        self.costs = AnalyticCosts(self.model, config.exit_kind, resources.accountant.input_shape, resources.accountant.input_dtype)
         self._memory: dict[tuple[tuple[int, ...], int, frozenset[int]], int] = {}
         self._bases = sorted({(group.base, group.unit) for group in self.model.channel_groups()})
         search = partial(solve_splits, widths=self.widths, blocks=self.blocks, epsilon=config.epsilon)

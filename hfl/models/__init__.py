@@ -22,13 +22,16 @@ def build_model(
     norm: str = "bn",
     pretrained: str = "",
     cache_dir: str | None = None,
+    depth: int = 0,
 ) -> ScalableModel:
     """Build registered model `name` at width ratio `width`; `pretrained` names weights to start
     from: a member of a family `hfl pretrain` wrote (`family:l`, looked for in
     `<cache_dir>/pretrained/`, cache_dir defaulting to $HFL_CACHE) or a `.safetensors` file, else
-    torchvision's ImageNet weights for resnet18/resnet34 (a file, or a folder holding it). For a
-    language model (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
-    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm)
+    torchvision's ImageNet weights for resnet18/resnet34 (a file, or a folder holding it); `depth`,
+    for a model built in several depths (gpt), its body blocks (0: its own). For a language model
+    (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
+    options = {"depth": depth} if depth else {}
+    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm, **options)
     if pretrained and is_family_source(pretrained):
         from hfl.data.datasets import default_cache_dir
 

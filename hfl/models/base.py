@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -132,6 +133,11 @@ class ExitPoint:
 
 class ScalableModel(nn.Module):
     """Base class: subclasses build `stem`, `body` (nn.ModuleList) and `head`, calling `couple`."""
+
+    input_kind: ClassVar[str] = "images"
+    """What the model reads: "images" (float N x C x H x W) or "tokens" (int64 N x sequence ids, a
+    model that then also has a `context`, the longest sequence it reads). A dataset's `input_kind`
+    must match it."""
 
     def __init__(self, width: float, num_classes: int, norm: str, head_norm: bool) -> None:
         super().__init__()

@@ -157,6 +157,8 @@ class GPT(ScalableModel):
     sequence) next-token logits. `norm` is accepted for the common builder signature: the GPT
     normalises with LayerNorm, so 'bn' and 'static_bn' build the same model ('none' is refused)."""
 
+    input_kind = "tokens"
+
     def __init__(
         self,
         vocab_size: int,
@@ -217,11 +219,11 @@ class GPT(ScalableModel):
 
 
 @MODELS.register("gpt")
-def gpt(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn") -> GPT:
-    """CAFF's tiny language model at its deepest (embedding 96, 3 heads, context 256, 12 blocks),
-    over a vocabulary of `num_classes` token ids; `in_channels` is ignored. `gpt_l3`, `gpt_l6` and
-    `gpt_l9` are the family's other members, whose weights `hfl pretrain` builds."""
-    return GPT(num_classes, width, norm)
+def gpt(in_channels: int, num_classes: int, width: float = 1.0, norm: str = "bn", depth: int = 12) -> GPT:
+    """CAFF's tiny language model (embedding 96, 3 heads, context 256) with `depth` blocks, at its
+    deepest by default (the family is l = 3, 6, 9, 12; `model.depth`), over a vocabulary of
+    `num_classes` token ids; `in_channels` is ignored."""
+    return GPT(num_classes, width, norm, depth=depth)
 
 
 @MODELS.register("gpt_l3")

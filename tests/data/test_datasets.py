@@ -58,7 +58,7 @@ def check_well_formed(ds: ImageDataset) -> None:
 
 
 def test_registry_holds_every_dataset() -> None:
-    assert set(DATASETS.names()) == {"digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cifar10_jpeg", "synthetic"}
+    assert set(DATASETS.names()) == {"digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cifar10_jpeg", "synthetic", "shakespeare"}
 
 
 def test_digits_shapes_and_fixed_split(tmp_path) -> None:

@@ -62,6 +62,26 @@ def test_masked_forward_is_the_narrow_network(name, p_max, p):
         torch.testing.assert_close(wide.eval()(x), client_model(method, state, p_max, name).eval()(x))
 
 
+@pytest.mark.parametrize(("p_max", "p"), [(1.0, SIXTH), (1.0, 0.5), (UNIFORM_6[4], UNIFORM_6[1])])
+def test_masked_forward_is_the_narrow_gpt(p_max, p):
+    """Inside the GPT's blocks channels run last, and a LayerNorm's statistics span every channel:
+    the masked forward must give the narrow GPT's outputs all the same."""
+    method = method_for({"name": "fjord"}, "gpt", num_classes=81)
+    gen = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(v.shape, generator=gen) for k, v in method.model.state_dict().items()}
+
+    def gpt(width):
+        model = method.adapt_model(build_model("gpt", 1, 81, width=width)).eval()
+        model.load_state_dict(extract(state, method.spec_for(width)), strict=True)
+        return model
+
+    wide, narrow = gpt(p_max), gpt(p)
+    x = torch.randint(0, 81, (3, 10), generator=gen)
+    with torch.no_grad(), method.at_width(wide, p):
+        masked = wide(x)
+    torch.testing.assert_close(masked, narrow(x).detach(), rtol=1e-4, atol=1e-4)
+
+
 def test_each_width_uses_its_own_batch_norm():
     method, state = fjord("preresnet20")
     narrow = client_model(method, state, 0.5).eval()

@@ -49,6 +49,16 @@ def test_build_model_reads_num_classes_as_the_vocabulary() -> None:
     assert len(model.body) == 12 and model.context == 256
 
 
+def test_model_depth_builds_the_family_and_only_the_gpt_takes_one() -> None:
+    from hfl.config import ModelConfig
+    from hfl.errors import ConfigError
+
+    assert len(build_model("gpt", 1, 81, depth=3).body) == 3
+    assert ModelConfig(name="gpt", depth=6).depth == 6
+    with pytest.raises(ConfigError, match=r"depth=2 .*0 for cnn: only gpt take a depth"):
+        ModelConfig(name="cnn", depth=2)
+
+
 def test_the_default_objective_is_the_next_token_loss() -> None:
     """Logits (batch, vocab, sequence): cross-entropy against (batch, sequence) targets averages
     the loss of every position."""

@@ -103,7 +103,7 @@ def test_only_full_width_resnet18_and_resnet34_take_pretrained_weights() -> None
 def test_the_experiment_model_loads_them_at_full_width_only(weights_dir) -> None:
     folder, reference = weights_dir
     config = SimpleNamespace(model=ModelConfig(name="resnet18", norm="bn", pretrained=str(folder)))
-    data = SimpleNamespace(in_channels=3, num_classes=10)
+    data = SimpleNamespace(in_channels=3, num_classes=10, input_kind="images")
 
     full, half = build_model_for(config, data), build_model_for(config, data, width=0.25)
 
