@@ -105,7 +105,7 @@ def test_a_member_loads_back_bit_exact_through_model_pretrained(family, monkeypa
     monkeypatch.setitem(MODELS._entries, "gpt_tiny", tiny_gpt)  # a registered model of the family's shape
     run = SimpleNamespace(model=ModelConfig(name="gpt_tiny", norm="bn", pretrained="tiny:2"),
                           data=SimpleNamespace(cache_dir=config.cache_dir))
-    model = build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81))
+    model = build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81, input_kind="tokens", name="text"))
 
     saved = load_file(weights_path(config.cache_dir, "tiny", 2))
     assert set(saved) == set(model.state_dict())
@@ -132,7 +132,7 @@ def test_weights_of_another_shape_are_a_config_error_naming_field_value_and_shap
                           data=SimpleNamespace(cache_dir=config.cache_dir))
 
     with pytest.raises(ConfigError) as error:
-        build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81))
+        build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81, input_kind="tokens", name="text"))
 
     message = str(error.value)
     assert message.startswith("model.pretrained='tiny:1' is not allowed")
