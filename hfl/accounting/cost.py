@@ -188,16 +188,20 @@ def example_batch(
     input_shape: tuple[int, ...], num_classes: int, size: int, gen: torch.Generator, input_dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
     """`size` random inputs and their targets: for a float dtype standard-normal inputs and a class
-    each; for an integer dtype token ids in 0..num_classes - 1 and a target id at every position."""
+    each; for an integer dtype token ids in 0..num_classes - 1 and a target id at every position.
+    Float inputs take the default float dtype, the one models are built in (float64 under
+    `torch.set_default_dtype(torch.float64)`), so that they match the weights."""
     if input_dtype.is_floating_point:
-        return torch.randn(size, *input_shape, generator=gen, dtype=input_dtype), torch.randint(0, num_classes, (size,), generator=gen)
+        x = torch.randn(size, *input_shape, generator=gen, dtype=torch.get_default_dtype())
+        return x, torch.randint(0, num_classes, (size,), generator=gen)
     ids = torch.randint(0, num_classes, (size, *input_shape), generator=gen, dtype=input_dtype)
     return ids, torch.randint(0, num_classes, (size, *input_shape), generator=gen)
 
 
 def zero_inputs(input_shape: tuple[int, ...], size: int, input_dtype: torch.dtype = torch.float32, device: str = "cpu") -> Tensor:
     """`size` all-zero inputs a model reads (zero pixels, or token id 0), for probing shapes and FLOPs."""
-    return torch.zeros(size, *input_shape, dtype=input_dtype, device=device)
+    dtype = torch.get_default_dtype() if input_dtype.is_floating_point else input_dtype  # as `example_batch`
+    return torch.zeros(size, *input_shape, dtype=dtype, device=device)
 
 
 def measure_training_cost(
