@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -350,6 +351,10 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A number in exponent notation, which YAML 1.2 and users read as a number and PyYAML, without a dot, as a string."""
+
+
 def _coerce(name: str, value: Any, hint: Any) -> Any:
     """Check `value` against the field's annotation; ints are accepted where floats are expected."""
     origin = typing.get_origin(hint)
@@ -372,6 +377,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         check(isinstance(value, int) and not isinstance(value, bool), name, value, "an integer")
         return value
     if hint is float:
+        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 (PyYAML) reads 5e-4 without a dot as a string
         check(isinstance(value, (int, float)) and not isinstance(value, bool), name, value, "a number")
         return float(value)
     if hint is str:

@@ -109,3 +109,11 @@ def test_run_needs_a_config_or_resume_and_a_writable_out(tmp_path, capsys):
     assert "--resume DIR" in capsys.readouterr().err
     assert main(["run", str(QUICKSTART), "--out", str(QUICKSTART / "run")]) == 2
     assert "hfl: error: --out=" in capsys.readouterr().err
+
+
+def test_exponent_notation_without_a_dot_is_a_number():
+    """PyYAML reads `5e-4` as a string (YAML 1.1); users mean a number."""
+    assert load_config(QUICKSTART, ["fl.lr=5e-4"]).fl.lr == 5e-4
+    assert load_config(QUICKSTART, ["fl.lr=1E2"]).fl.lr == 100.0
+    with pytest.raises(ConfigError, match="fl.lr"):
+        load_config(QUICKSTART, ["fl.lr=fast"])
