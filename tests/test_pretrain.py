@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -115,6 +116,10 @@ def test_a_member_loads_back_bit_exact_through_model_pretrained(family, monkeypa
 
     corpus = load_text_corpus("sst2_agnews", config.data_root, "chars", config.eval_fraction)
     assert _mean_loss(model, TextBatches(corpus, config, torch.device("cpu")).validation())[0] == cards[1]["final_val_loss"]
+
+    with warnings.catch_warnings(), torch.device("meta"):  # shapes only (upload sizes): nothing loaded, nothing warned
+        warnings.simplefilter("error")
+        assert next(build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81, input_kind="tokens", name="text")).parameters()).is_meta
 
 
 def test_an_experiment_config_finds_the_family_in_its_cache_dir(family) -> None:

@@ -32,6 +32,8 @@ def build_model(
     (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
     options = {"depth": depth} if depth else {}
     model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm, **options)
+    if next(model.parameters()).is_meta:  # built for shapes only (no storage): nothing to load into
+        return model
     if pretrained and is_family_source(pretrained):
         from hfl.data.datasets import default_cache_dir
 
