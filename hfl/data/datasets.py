@@ -23,7 +23,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -243,37 +243,40 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def _cached(name: str, cache_dir: str, decode: Callable[[], Decoded]) -> ImageDataset:
-    """Return dataset `name` from its decoded cache file, decoding and caching it first if needed."""
-    path = _cache_path(cache_dir, name)
+def cached_blob(path: Path, name: str, build: Callable[[], dict[str, Any]], is_current: Callable[[dict[str, Any]], bool] = lambda blob: True) -> dict[str, Any]:
+    """Dataset `name`'s tensors as cached at `path` when readable, of this format and `is_current`;
+    otherwise `build()`'s, cached first (a read-only or full cache costs speed next time, not this run)."""
     if path.is_file():
         try:
             blob = torch.load(path, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - a corrupt cache must not block loading: decode again instead
-            logger.warning("ignoring unreadable cache %s (%s); decoding %s again", path, err, name)
+        except Exception as err:  # noqa: BLE001 - a corrupt cache must not block loading: build again instead
+            logger.warning("ignoring unreadable cache %s (%s); building %s again", path, err, name)
         else:
-            if isinstance(blob, dict) and blob.get("format") == _CACHE_FORMAT and blob.get("name") == name:
+            if isinstance(blob, dict) and blob.get("format") == _CACHE_FORMAT and blob.get("name") == name and is_current(blob):
                 logger.debug("loaded %s from cache %s", name, path)
-                return _make(name, blob["train_x"], blob["train_y"], blob["test_x"], blob["test_y"], int(blob["num_classes"]))
-            logger.info("cache %s has an old format; decoding %s again", path, name)
+                return blob
+            logger.info("cache %s has an old format or other sources; building %s again", path, name)
     start = time.perf_counter()
-    train_x, train_y, test_x, test_y, num_classes = decode()
-    blob = {
-        "format": _CACHE_FORMAT,
-        "name": name,
-        "train_x": train_x.contiguous(),
-        "train_y": train_y.to(torch.int64),
-        "test_x": test_x.contiguous(),
-        "test_y": test_y.to(torch.int64),
-        "num_classes": num_classes,
-    }
+    blob = {"format": _CACHE_FORMAT, "name": name, **build()}
     try:
         _atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    except OSError as err:  # a read-only or full cache costs speed on the next load, not this run
-        logger.warning("decoded %s but could not cache it at %s: %s", name, path, err)
+    except OSError as err:
+        logger.warning("built %s but could not cache it at %s: %s", name, path, err)
     else:
-        logger.info("decoded %s in %.1f s; cached at %s", name, time.perf_counter() - start, path)
-    return _make(name, train_x, train_y, test_x, test_y, num_classes)
+        logger.info("built %s in %.1f s; cached at %s", name, time.perf_counter() - start, path)
+    return blob
+
+
+def _cached(name: str, cache_dir: str, decode: Callable[[], Decoded]) -> ImageDataset:
+    """Return dataset `name` from its decoded cache file, decoding and caching it first if needed."""
+
+    def build() -> dict[str, Any]:
+        train_x, train_y, test_x, test_y, num_classes = decode()
+        return {"train_x": train_x.contiguous(), "train_y": train_y.to(torch.int64), "test_x": test_x.contiguous(),
+                "test_y": test_y.to(torch.int64), "num_classes": num_classes}
+
+    blob = cached_blob(_cache_path(cache_dir, name), name, build)
+    return _make(name, blob["train_x"], blob["train_y"], blob["test_x"], blob["test_y"], int(blob["num_classes"]))
 
 
 def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,6 @@ per-client time-ordered split (`hfl.data.shakespeare.split_text`), evaluated as 
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +27,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hfl.data.datasets import SyntheticSpec, _atomic_write, _cache_path
+from hfl.data.datasets import SyntheticSpec, _cache_path, cached_blob
 from hfl.data.shakespeare import TEXTS_FOLDER, load_shakespeare_clients
 from hfl.data.text import CharTokenizer
 from hfl.registry import DATASETS
 
-logger = logging.getLogger(__name__)
-
 NATURAL_CLIENTS = frozenset({"shakespeare"})
 """Datasets whose clients come with the data; they take `data.partition=natural` and no other."""
-# Bump when the layout of the cached token file changes, so stale caches are rebuilt.
-_CACHE_FORMAT = 1
 
 
 class TokenWindows:
@@ -179,30 +173,16 @@ def _cached_tokens(name: str, cache_dir: str, seq_len: int, source: Path, build:
     """Dataset `name` at `seq_len` from its cache file, built by `build()` from the texts in `source`
     and cached first if needed. The split depends on `seq_len`, so each length has its own file; a
     file built from another folder is built again (a test corpus must not stand in for the real one)."""
-    path = _cache_path(cache_dir, f"{name}_seq{seq_len}")
     source_name = str(source.resolve())
-    if path.is_file():
-        try:
-            blob = torch.load(path, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - a corrupt cache must not block loading: build again instead
-            logger.warning("ignoring unreadable cache %s (%s); building %s again", path, err, name)
-        else:
-            if isinstance(blob, dict) and blob.get("format") == _CACHE_FORMAT and blob.get("name") == name and blob.get("source") == source_name:
-                logger.debug("loaded %s from cache %s", name, path)
-                return TokenDataset(name, blob["tokens"], tuple(blob["clients"]), blob["train_spans"], blob["test_spans"],
-                                    int(blob["seq_len"]), int(blob["num_classes"]))
-            logger.info("cache %s has an old format or was built from other texts; building %s again", path, name)
-    start = time.perf_counter()
-    data = build()
-    blob = {"format": _CACHE_FORMAT, "name": name, "source": source_name, "tokens": data.tokens, "clients": list(data.clients), "train_spans": data.train_spans,
-            "test_spans": data.test_spans, "seq_len": data.seq_len, "num_classes": data.num_classes}
-    try:
-        _atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    except OSError as err:  # a read-only or full cache costs speed on the next load, not this run
-        logger.warning("built %s but could not cache it at %s: %s", name, path, err)
-    else:
-        logger.info("built %s in %.1f s; cached at %s", name, time.perf_counter() - start, path)
-    return data
+
+    def build_blob() -> dict:
+        data = build()
+        return {"source": source_name, "tokens": data.tokens, "clients": list(data.clients), "train_spans": data.train_spans,
+                "test_spans": data.test_spans, "seq_len": data.seq_len, "num_classes": data.num_classes}
+
+    blob = cached_blob(_cache_path(cache_dir, f"{name}_seq{seq_len}"), name, build_blob, lambda blob: blob.get("source") == source_name)
+    return TokenDataset(name, blob["tokens"], tuple(blob["clients"]), blob["train_spans"], blob["test_spans"],
+                        int(blob["seq_len"]), int(blob["num_classes"]))
 
 
 @DATASETS.register("shakespeare")

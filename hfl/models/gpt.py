@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from hfl.errors import ConfigError
 from hfl.models.base import ResidualBlock, ScalableModel
-from hfl.models.vit import BATCH_NORMS
+from hfl.models.vit import BATCH_NORMS, MLP
 from hfl.registry import MODELS
 
 INIT_STD = 0.02
@@ -91,20 +91,6 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    """Linear - GELU - linear, the hidden units one channel group."""
-
-    def __init__(self, model: ScalableModel, dim: int, hidden: int, groups: tuple[str, str]) -> None:
-        super().__init__()
-        gembed, gmlp = groups
-        self.fc1 = model.couple(nn.Linear(dim, hidden), gembed, gmlp)
-        self.act = nn.GELU()
-        self.fc2 = model.couple(nn.Linear(hidden, dim), gmlp, gembed)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class DecoderBlock(ResidualBlock):
