@@ -27,7 +27,7 @@ from hfl.accounting.cost import tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
 from hfl.pruning.nsconv import load_masks
-from hfl.submodel.spec import SubmodelSpec, extract, hold_rows, uploaded_keys
+from hfl.submodel.spec import SubmodelSpec, hold_rows, uploaded_keys
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
 SHUFFLE_STREAM = 1  # tag of the client's data-order random stream
@@ -199,7 +199,7 @@ def train_client(
     """Load the client's sub-model from the global state, train it, and return what it sends back."""
     start = time.perf_counter()
     spec = task.spec
-    received = extract(global_state, spec)
+    received = method.client_state(global_state, spec)
     model.load_state_dict(received, strict=True)
     load_masks(model, spec.masks)
     device = next(model.parameters()).device
@@ -287,7 +287,7 @@ def train_clients_together(
     start = time.perf_counter()
     device = next(model.parameters()).device
     frozen = tasks[0].spec.frozen
-    received = [extract(global_state, task.spec) for task in tasks]
+    received = [method.client_state(global_state, task.spec) for task in tasks]
     parameter_names = {name for name, _ in model.named_parameters()}
     stacked = {k: torch.stack([r[k] for r in received]).to(device) for k in received[0]}
     params = {k: v.requires_grad_(k not in frozen) for k, v in stacked.items() if k in parameter_names}

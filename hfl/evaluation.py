@@ -35,7 +35,7 @@ from hfl.data import TokenDataset
 from hfl.inference import blockwise_inference, standard_inference
 from hfl.pruning.nsconv import load_masks
 from hfl.seeding import SBN_STREAM, derive_seed
-from hfl.submodel.spec import SubmodelSpec, extract
+from hfl.submodel.spec import SubmodelSpec
 from hfl.types import StateDict
 
 BATCH = 1024
@@ -88,7 +88,7 @@ class Evaluator:
         `ensemble_accuracy`; for text also `perplexity`."""
         spec = spec or SubmodelSpec()
         model = self._model(spec)
-        model.load_state_dict(extract(global_state, spec), strict=not self.static_bn)
+        model.load_state_dict(self.env.method.client_state(global_state, spec), strict=not self.static_bn)
         load_masks(model, spec.masks)
         if self.static_bn:
             self._recompute_bn(model)

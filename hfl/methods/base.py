@@ -8,6 +8,8 @@ A method is a subclass of `Method` with a `Config` dataclass. The members a meth
 - its models: `adapt_model` (exits, a norm per width, applied to every model built),
   `client_model` (a client's model from a spec, when it is more than the adapted model shaped by the
   spec), `initial_global_state` (when the global state holds more than one model);
+- `client_state`, when a client receives something other than its slice of the global state (FedHM's
+  low-rank factors of the global weights);
 - `training_cost`, when a task costs more than one cross-entropy step of its spec's model;
 - `client_uploads`, when a client sends more than its trained weights (FedTiny's and FedMef's top-k
   gradients of pruned entries): tensors computed at the end of the client's training that travel in
@@ -163,6 +165,12 @@ class Method:
     def initial_global_state(self) -> StateDict:
         """The global state before round 1 (freshly initialised under the run's seed)."""
         return self.build(self.model.width).state_dict()
+
+    def client_state(self, global_state: StateDict, spec: SubmodelSpec) -> StateDict:
+        """What a client of `spec` receives (and starts from, and is evaluated with): by default the
+        global entries it holds. A method that sends something else (FedHM's factors) turns its
+        updates back into global form in `aggregate`."""
+        return extract(global_state, spec)
 
     # -- the three roles ----------------------------------------------------------------------------
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:

@@ -45,6 +45,9 @@ class SubmodelSpec:
     """(client prefix, global prefix) pairs, for a client model assembled from several models of
     the global state (SplitMix: client `bases.0.` + key is global `bases.3.` + key); used instead of
     `prefix`, and the other fields then name client keys, client prefixes included."""
+    variant: tuple[tuple[str, Any], ...] = ()
+    """(name, value) pairs of a method's own structure beyond width and depth, which its
+    `client_model` builds (HetLoRA's adapter rank, FedHM's factor rank): part of the shape."""
 
     def __post_init__(self) -> None:
         if self.prefix and self.places:
@@ -55,7 +58,7 @@ class SubmodelSpec:
         """What the client model's structure follows from: equal shapes, equal models (the key of
         model building, cost caching and model reuse). Indices, prefixes and masks only say which
         global entries fill the model; frozen tensors change what it costs, not what it is."""
-        return (self.width, self.dropped_blocks, self.depth, self.absent, tuple(client for client, _ in self.places))
+        return (self.width, self.dropped_blocks, self.depth, self.absent, tuple(client for client, _ in self.places), self.variant)
 
     def _places(self) -> tuple[tuple[str, str], ...]:
         return self.places or (("", self.prefix),)
@@ -80,6 +83,7 @@ class SubmodelSpec:
             "depth": self.depth,
             "frozen_tensors": len(self.frozen),
             "masked_tensors": len(self.masks),
+            **dict(self.variant),
         }
 
 
