@@ -229,4 +229,5 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "plans": tier_plans(config, env),
         **({"levels": ladder.rows(round_one(config, env, 0)), "levels_title": ladder.title} if (ladder := env.method.ladder) else {}),
         **({"sparse": sparse_rows(config, env)} if isinstance(env.method, SparseStart) else {}),
+        **({"method_table": {"title": t[0], "rows": t[1]}} if (t := env.method.budget_table(round_one(config, env, 0))) else {}),
     }

@@ -250,7 +250,7 @@ def level_cell(key: str, value: Any) -> str:
     """One cell of a method's level table: counts in millions, bytes in MiB, ratios to 3 places."""
     if value is None:
         return "-"
-    if key in ("params", "flops"):
+    if key in ("params", "flops") or key.endswith("flops_per_sample"):
         return f"{value / 1e6:.3f} M"
     if key.endswith("bytes"):
         return mib(value)
@@ -291,6 +291,10 @@ def command_budget(args: argparse.Namespace) -> int:
         columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
+    if report.get("method_table"):
+        rows = report["method_table"]["rows"]
+        print(f"\n{report['method_table']['title']} (memory in MiB)")
+        print(table(list(rows[0]), [[level_cell(k, v) for k, v in r.items()] for r in rows]))
     if report.get("sparse"):
         print("\nSparse training, FedMef's Table 1 / Table 5 form (one client of the mean partition, one adjustment round; "
               "memory in MiB, the paper's estimate 2M_p + 2M_a (+ M_xi), FedMef's 2M_p + M_a(SAP) + M_a(dense) + M_xi)")

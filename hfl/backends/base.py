@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from hfl.data import (
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
+from hfl.models.family import load_family_weights
 from hfl.registry import METHODS
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
@@ -181,6 +182,9 @@ class ClientEnvironment:
             unlabelled_x=unlabelled,
             seed=config.seed,
             rounds=config.fl.rounds,
+            local_epochs=config.fl.local_epochs,
+            client_samples=tuple(len(p) for p in parts),
+            load_member=family_loader(config),
         )
         method = METHODS.get(config.method.name, field="method.name")(config.method, resources)
         return cls(
@@ -266,6 +270,16 @@ def model_norm(config: ExperimentConfig) -> str:
     if config.model.norm == "auto":
         return METHODS.get(config.method.name, field="method.name").preferred_norm
     return config.model.norm
+
+
+def family_loader(config: ExperimentConfig) -> Callable[[nn.Module, int], None] | None:
+    """Loads member l of the family `model.pretrained=FAMILY:l` names into a model of depth l; None
+    when the run starts from no family."""
+    source = config.model.pretrained
+    if not is_family_source(source) or source.endswith(".safetensors"):
+        return None
+    family = source.rsplit(":", 1)[0]
+    return lambda model, depth: load_family_weights(model, f"{family}:{depth}", config.data.cache_dir, config.model.name)
 
 
 def build_model_for(

@@ -37,3 +37,5 @@ METHODS.declare("fedmef", "hfl.methods.fedmef", paper="Huang, Zhuang, Chen and L
                 summary="FedTiny with budget-aware extrusion of the weights to drop and scaled activation pruning")
 METHODS.declare("feddst", "hfl.methods.feddst", paper="Bibikar, Vikalo, Wang and Chen, AAAI 2022 (arXiv:2112.09824)",
                 summary="sparse clients prune and regrow their own masks mid-round; the server averages holders, re-prunes the union")
+METHODS.declare("caff", "hfl.methods.caff", paper="Pfeiffer, Ahmed, Khalili and Henkel, 2024",
+                summary="picks the family member maximising the clients' mean trained blocks; each trains its last t blocks")

@@ -108,6 +108,14 @@ class Resources:
     """The experiment's seed, for the server's own random draws."""
     rounds: int = 1
     """The run's number of rounds (for schedules that switch on part-way, e.g. ScaleFL's distillation)."""
+    local_epochs: int = 1
+    """Local epochs of a client-round (a FLOPs budget covers all of them)."""
+    client_samples: Sequence[int] = ()
+    """Every client's number of training samples, fixed for the run (for fitting FLOPs budgets
+    before round 1: CAFF's model selection)."""
+    load_member: Callable[[nn.Module, int], None] | None = None
+    """Loads the pretrained family's member with `l` blocks into a model of that depth
+    (`model.pretrained=FAMILY:l` names the family; CAFF picks l); None when the run starts from no family."""
 
 
 class Client(Protocol):
@@ -205,6 +213,11 @@ class Method:
             return model
 
         return self.resources.accountant.cost(("client", spec.shape, spec.frozen), build, batch_size)
+
+    def budget_table(self, ctx: RoundContext) -> tuple[str, list[dict[str, Any]]] | None:
+        """A title and rows of the method's own costs that `hfl budget` prints beside the ladder's
+        (CAFF's (l, t) table), for the client `ctx` describes; None: nothing more."""
+        return None
 
     # -- derived, not meant to be overridden ---------------------------------------------------------
     def make_ladder(self, levels: Sequence[Level], **policies: Any) -> Ladder:
