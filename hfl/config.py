@@ -62,6 +62,9 @@ class DataConfig:
     """Text datasets (shakespeare): tokens per sample (LEAF's 80). A sample is a window of seq_len characters and
     its target the window shifted by one, the next character at every position (the GPT predicts them all);
     LEAF's split of each role's text also depends on it. At most the model's context (the GPT's 256)."""
+    stride: int = 1
+    """Text datasets: tokens between the starts of consecutive windows, in train and test. LEAF's 1 makes
+    a local epoch 80 passes over a role's text (each character sits in 80 windows); seq_len gives one."""
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS.names())
@@ -76,6 +79,8 @@ class DataConfig:
                   f"one of {', '.join(PARTITIONERS.names())} for {self.name} ({NATURAL} is for datasets with their own clients: "
                   f"{', '.join(sorted(NATURAL_CLIENTS))})")
         check(self.seq_len >= 1, "seq_len", self.seq_len, "an integer >= 1")
+        check(self.stride >= 1, "stride", self.stride, "an integer >= 1")
+        check(self.stride == 1 or self.name in NATURAL_CLIENTS, "stride", self.stride, f"1 for {self.name}: only text datasets have windows")
         check(self.alpha > 0, "alpha", self.alpha, "a number > 0")
         check(self.labels_per_client >= 1, "labels_per_client", self.labels_per_client, "an integer >= 1")
         check_choice("augment", self.augment, ("auto", "none", "flip", "crop_flip"))

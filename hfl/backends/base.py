@@ -139,7 +139,7 @@ class ClientEnvironment:
         if device.type == "cuda":
             warm_up_cuda(device)
         d = config.data
-        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes, seq_len=d.seq_len)
+        data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes, seq_len=d.seq_len, stride=d.stride)
         transform: BatchTransform | None = None
         if isinstance(data, TokenDataset):  # token ids go to the model as they are: nothing to normalise or augment
             with torch.device("meta"):  # a model that cannot read the windows fails here, before the clients are counted

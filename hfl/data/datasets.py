@@ -21,7 +21,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -150,13 +150,14 @@ def load_dataset(
     synthetic: SyntheticSpec | None = None,
     classes: Sequence[int] = (),
     seq_len: int = 80,
+    stride: int = 1,
 ) -> ImageDataset | TokenDataset:
     """Load dataset `name` from `root`, using and filling the decoded cache in `cache_dir`.
 
     `test_fraction` only matters for datasets without an official test split (digits, synthetic);
     `synthetic` only for the synthetic dataset (None means `SyntheticSpec()`); `classes`, when
     given, keeps only those classes of an image dataset (see `select_classes`); `seq_len` only for
-    text (`hfl.data.tokens`): tokens per sample.
+    text (`hfl.data.tokens`): tokens per sample; `stride` only for text: tokens between windows' starts.
     Raises `DataNotFoundError` naming the paths looked in when the data is not there.
     """
     if not 0.0 < test_fraction < 1.0:
@@ -165,6 +166,8 @@ def load_dataset(
     data = loader(root=root, cache_dir=cache_dir, download=download, test_fraction=test_fraction, synthetic=synthetic, seq_len=seq_len)
     if classes and not isinstance(data, ImageDataset):
         raise ConfigError("data.classes", list(classes), f"empty for {name}: its samples are token windows, with no class to select")
+    if stride != 1 and not isinstance(data, ImageDataset):
+        return replace(data, stride=stride)
     return select_classes(data, classes) if classes else data
 
 

@@ -5,7 +5,9 @@ token stream (uint8: 4 MB for all of Shakespeare). A sample is a window of `seq_
 target is the window shifted by one token: the next token at every position, which a decoder-only
 language model (`gpt`) predicts all at once, so `F.cross_entropy(model(x), y)` is the mean
 next-token loss over the window. Windows start at every token that leaves a full window and its
-next token (stride 1), so a client has LEAF's number of samples, `len(text) - seq_len`.
+next token (stride 1), so a client has LEAF's number of samples, `len(text) - seq_len`; with
+`stride` k they start every k tokens (k = seq_len: each token predicted once per epoch, in train
+and test alike), which turns LEAF's 80 passes over a role's text per local epoch into one.
 
 The windows are gathered from the stream when a batch is read (`TokenWindows`), never stored one by
 one: LEAF's 3.6 million overlapping training windows of 80 characters would take 2.3 GB as int64
@@ -74,12 +76,18 @@ class TokenWindows:
         return TokenWindows(self.tokens, self.starts + by, self.length)
 
 
-def window_starts(spans: Tensor, seq_len: int) -> Tensor:
+def window_counts(spans: Tensor, seq_len: int, stride: int = 1) -> Tensor:
+    """Windows per span: starts s, s + stride, ... up to e - seq_len - 1 for span [s, e)."""
+    room = (spans[:, 1] - spans[:, 0] - seq_len).clamp(min=0)
+    return (room + stride - 1) // stride
+
+
+def window_starts(spans: Tensor, seq_len: int, stride: int = 1) -> Tensor:
     """The start of every window of `seq_len` tokens that has a next token inside its span, span by
-    span in order: span [s, e) gives s, s + 1, ..., e - seq_len - 1."""
-    begin, counts = spans[:, 0], (spans[:, 1] - spans[:, 0] - seq_len).clamp(min=0)
+    span in order: span [s, e) gives s, s + stride, ..., up to e - seq_len - 1."""
+    begin, counts = spans[:, 0], window_counts(spans, seq_len, stride)
     first = torch.cumsum(counts, 0) - counts  # position of each span's first window among all
-    return torch.repeat_interleave(begin - first, counts) + torch.arange(int(counts.sum()))
+    return torch.repeat_interleave(begin, counts) + stride * (torch.arange(int(counts.sum())) - torch.repeat_interleave(first, counts))
 
 
 @dataclass
@@ -102,6 +110,8 @@ class TokenDataset:
     """Tokens per sample."""
     num_classes: int
     """The vocabulary: token ids lie in 0..num_classes - 1."""
+    stride: int = 1
+    """Tokens between consecutive windows' starts (LEAF: 1)."""
     train_x: TokenWindows = field(init=False, repr=False)
     """Every client's training windows, client after client."""
     train_y: TokenWindows = field(init=False, repr=False)
@@ -118,9 +128,11 @@ class TokenDataset:
                 raise ValueError(f"{self.name}: every client's {split} text must hold more than seq_len={self.seq_len} tokens")
         if self.tokens.dim() != 1 or (len(self.tokens) and int(self.tokens.max()) >= self.num_classes):
             raise ValueError(f"{self.name}: tokens must be 1-D ids below num_classes={self.num_classes}")
-        self.train_x = TokenWindows(self.tokens, window_starts(self.train_spans, self.seq_len), self.seq_len)
+        if self.stride < 1:
+            raise ValueError(f"{self.name}: stride must be >= 1, got {self.stride}")
+        self.train_x = TokenWindows(self.tokens, window_starts(self.train_spans, self.seq_len, self.stride), self.seq_len)
         self.train_y = self.train_x.shifted(1)
-        self.test_x = TokenWindows(self.tokens, window_starts(self.test_spans, self.seq_len), self.seq_len)
+        self.test_x = TokenWindows(self.tokens, window_starts(self.test_spans, self.seq_len, self.stride), self.seq_len)
         self.test_y = self.test_x.shifted(1)
 
     @property
@@ -140,7 +152,7 @@ class TokenDataset:
     def sizes(self, split: str = "train") -> np.ndarray:
         """Windows per client in `split` (train or test)."""
         spans = self.train_spans if split == "train" else self.test_spans
-        return (spans[:, 1] - spans[:, 0] - self.seq_len).numpy()
+        return window_counts(spans, self.seq_len, self.stride).numpy()
 
     def client_indices(self) -> list[np.ndarray]:
         """Each client's training windows: indices into `train_x`, one contiguous range per client."""
@@ -151,7 +163,7 @@ class TokenDataset:
         """The dataset of `clients` alone (indices, in the order given): their texts, and only theirs in the test set."""
         ids = torch.as_tensor(list(clients), dtype=torch.int64)
         return TokenDataset(self.name, self.tokens, tuple(self.clients[i] for i in ids.tolist()), self.train_spans[ids],
-                            self.test_spans[ids], self.seq_len, self.num_classes)
+                            self.test_spans[ids], self.seq_len, self.num_classes, self.stride)
 
 
 def tokenise_clients(name: str, texts: Sequence[tuple[str, str, str]], seq_len: int, tokenizer: CharTokenizer) -> TokenDataset:

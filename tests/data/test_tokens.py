@@ -180,3 +180,22 @@ def test_real_play_texts_give_leaf_sized_token_clients(tmp_path):
     window = data.client_indices()[hamlet][100]
     assert torch.equal(data.train_x[window][1:], data.train_y[window][:-1])
     assert np.all(data.sizes("train") > 0) and np.all(data.sizes("test") > 0)
+
+
+def test_a_stride_starts_windows_every_k_tokens_in_train_and_test():
+    tokens = torch.arange(1, 13, dtype=torch.uint8)  # train 1..8, test 9..12
+    data = TokenDataset("hand", tokens, ("a",), torch.tensor([[0, 8]]), torch.tensor([[8, 12]]), seq_len=2, num_classes=13, stride=3)
+    assert data.train_x[torch.arange(2)].tolist() == [[1, 2], [4, 5]]  # a third window at 7 would have no next token
+    assert data.train_y[torch.arange(2)].tolist() == [[2, 3], [5, 6]]
+    assert len(data.train_x) == 2 and data.sizes("train").tolist() == [2] and data.sizes("test").tolist() == [1]
+    assert data.test_x[:].tolist() == [[9, 10]] and data.select([0]).stride == 3
+
+
+def test_a_stride_reaches_the_clients_through_data_stride_and_is_refused_for_images(tmp_path):
+    from hfl.backends.base import ClientEnvironment
+    from hfl.errors import ConfigError
+
+    plain, strided = (ClientEnvironment.from_config(text_config(tmp_path, data={"stride": k})) for k in (1, SEQ))
+    assert sum(len(p) for p in strided.partitions) < sum(len(p) for p in plain.partitions) / (SEQ - 1)
+    with pytest.raises(ConfigError, match="stride"):
+        small_config(data={"stride": 2})
