@@ -37,3 +37,5 @@ METHODS.declare("fedmef", "hfl.methods.fedmef", paper="Huang, Zhuang, Chen and L
                 summary="FedTiny with budget-aware extrusion of the weights to drop and scaled activation pruning")
 METHODS.declare("feddst", "hfl.methods.feddst", paper="Bibikar, Vikalo, Wang and Chen, AAAI 2022 (arXiv:2112.09824)",
                 summary="sparse clients prune and regrow their own masks mid-round; the server averages holders, re-prunes the union")
+METHODS.declare("hetlora", "hfl.methods.hetlora", paper="Cho, Liu, Xu, Fahrezi and Joshi, 2024 (arXiv:2401.06432), as CAFF's appendix B runs it",
+                summary="low-rank adapters on a pretrained transformer's block linears, the rank fitted to each client's budget")
