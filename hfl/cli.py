@@ -243,7 +243,8 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 LEVEL_HEADERS = {"params": "#params", "flops": "#FLOPs", "peak_bytes": "train memory MiB", "depth": "blocks",
-                 "params_ratio": "params ratio", "omitted_blocks": "omitted blocks"}
+                 "params_ratio": "params ratio", "omitted_blocks": "omitted blocks",
+                 "upload_bytes": "upload MiB"}
 
 
 def level_cell(key: str, value: Any) -> str:

@@ -39,3 +39,5 @@ METHODS.declare("feddst", "hfl.methods.feddst", paper="Bibikar, Vikalo, Wang and
                 summary="sparse clients prune and regrow their own masks mid-round; the server averages holders, re-prunes the union")
 METHODS.declare("caff", "hfl.methods.caff", paper="Pfeiffer, Ahmed, Khalili and Henkel, 2024",
                 summary="picks the family member maximising the clients' mean trained blocks; each trains its last t blocks")
+METHODS.declare("hetlora", "hfl.methods.hetlora", paper="Cho, Liu, Xu, Fahrezi and Joshi, 2024 (arXiv:2401.06432), as CAFF's appendix B runs it",
+                summary="low-rank adapters on a pretrained transformer's block linears, the rank fitted to each client's budget")

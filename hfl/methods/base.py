@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from hfl.accounting.accountant import Accountant
 from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import TrainingCost, tensor_bytes
-from hfl.errors import check, check_choice
+from hfl.errors import ConfigError, check, check_choice
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level
@@ -250,6 +250,15 @@ class Method:
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
         """The sub-models scored every evaluation (worst and mean go to the summary), by name."""
         return self.ladder.evaluated(state.trained_levels) if self.ladder else {}
+
+
+def require_transformer(model: ScalableModel, method: str) -> None:
+    """A ConfigError unless every body block of `model` is a transformer block (GPT's or ViT's)."""
+    from hfl.models.gpt import DecoderBlock
+    from hfl.models.vit import EncoderBlock
+
+    if not len(model.body) or not all(isinstance(block, (DecoderBlock, EncoderBlock)) for block in model.body):
+        raise ConfigError("model.name", type(model).__name__.lower(), f"a transformer: gpt*, vit* ({method} works on transformer blocks)")
 
 
 def record_trained(state: MethodState, updates: Sequence[ClientUpdate]) -> MethodState:

@@ -28,7 +28,13 @@ from typing import Any
 from torch import Tensor
 
 from hfl.errors import ConfigError, check
-from hfl.methods.base import Method, MethodConfig, MethodState, Resources
+from hfl.methods.base import (
+    Method,
+    MethodConfig,
+    MethodState,
+    Resources,
+    require_transformer,
+)
 from hfl.registry import METHODS
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level
@@ -106,6 +112,7 @@ class CAFF(Method):
 
     def __init__(self, config: CAFFConfig, resources: Resources) -> None:
         super().__init__(config, resources)
+        require_transformer(self.model, "caff")
         blocks = len(self.model.body)
         for depth in config.depths:
             check(depth <= blocks, "depths", list(config.depths), f"depths of at most {blocks}, the blocks of the configured model (its deepest member)")

@@ -1,20 +1,28 @@
-"""Every registered method runs 2 rounds on digits with 4 clients, on the CNN and on PreResNet-20,
-and every method that fits clients to their budgets keeps every client-round within it."""
+"""Every registered method runs 2 rounds on digits with 4 clients, on the CNN and on PreResNet-20
+(a transformer-only method on the tiny GPT of the Shakespeare fixture instead), and every method that
+fits clients to their budgets keeps every client-round within it."""
 
 import pytest
 
+from hfl.errors import ConfigError
 from hfl.registry import METHODS
 from hfl.server import run_experiment
-from tests.conftest import run_with_env, small_config
+from tests.conftest import method_for, run_with_env, small_config
+from tests.data.test_tokens import text_config
 
 TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "feddst", "flpqsu", "fedtiny", "fedmef"}
 NEEDS_A_SERVER_SPLIT = {"feddf"}
-SHORTER = {"feddf": {"distill_steps": 5}}  # seconds matter here; the method's own tests cover its defaults
+SHORTER = {"feddf": {"distill_steps": 5}, "caff": {"depths": [1]}}  # seconds matter here; the method's own tests cover its defaults
 ADJUSTING = {"fedtiny": {"adjust_every": 1}, "fedmef": {"adjust_every": 1}, "feddst": {"adjust_every": 1}}  # both rounds change the mask (and resume must keep it)
+TRANSFORMER_ONLY = {"hetlora", "caff"}
+BUDGETS = {"caff": {"scenario": "tiers", "memory": ["width:1/2"]}}
+"""Budgets other than `fair`: CAFF refuses budgets in which some client fits no block (Eq. 1)."""
+"""Methods that adapt transformer blocks: they refuse the CNNs and run on the tiny GPT of the
+Shakespeare fixture (`text_config`) instead."""
+CONTRACT_RUNS = [(m, model) for m in METHODS.names() for model in (("gpt",) if m in TRANSFORMER_ONLY else ("cnn", "preresnet20"))]
 
 
-@pytest.mark.parametrize("model", ["cnn", "preresnet20"])
-@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize(("method", "model"), CONTRACT_RUNS)
 def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
     """Two rounds change the global weights, and the summary's final accuracy is the score of the
     method's global model on the final checkpoint's weights."""
@@ -23,10 +31,8 @@ def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
     from hfl.evaluation import Evaluator
     from hfl.server import initial_state
 
-    data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
-    config = small_config(method={"name": method, **SHORTER.get(method, {}), **ADJUSTING.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"}, data=data,
-                          fl={"rounds": 2, "clients": 4, "fraction": 1.0})
-    summary, env, final = run_with_env(config, tmp_path, monkeypatch)
+    config = fair_config(method, model=model, tmp_path=tmp_path)
+    summary, env, final = run_with_env(config, tmp_path / "run", monkeypatch)
     start = initial_state(config, env).global_state
     assert summary["rounds"] == final["round"] == 2
     assert any(not torch.equal(final["global_state"][k], start[k]) for k in start)
@@ -38,10 +44,22 @@ def test_every_method_runs_two_rounds(tmp_path, monkeypatch, method, model):
         assert summary["budget_violations"] == 0
 
 
-def fair_config(method, rounds=2, model="preresnet20"):
+def fair_config(method, rounds=2, model="preresnet20", tmp_path=None):
+    """4 clients, all in every round, under the fair budgets: on digits with `model`, or for a
+    transformer-only method on the Shakespeare fixture (written under `tmp_path`)."""
+    sections = {"method": {"name": method, **SHORTER.get(method, {}), **ADJUSTING.get(method, {})}, "budgets": BUDGETS.get(method, {"scenario": "fair"}),
+                "fl": {"rounds": rounds, "clients": 4, "fraction": 1.0}}
+    if method in TRANSFORMER_ONLY:
+        return text_config(tmp_path, **sections)
     data = {"server_fraction": 0.1} if method in NEEDS_A_SERVER_SPLIT else {}
-    return small_config(method={"name": method, **SHORTER.get(method, {}), **ADJUSTING.get(method, {})}, model={"name": model}, budgets={"scenario": "fair"},
-                        data=data, fl={"rounds": rounds, "clients": 4, "fraction": 1.0})
+    return small_config(model={"name": model}, data=data, **sections)
+
+
+@pytest.mark.parametrize("method", sorted(TRANSFORMER_ONLY))
+@pytest.mark.parametrize("model", ["cnn", "preresnet20"])
+def test_transformer_only_methods_refuse_models_without_transformer_blocks(method, model):
+    with pytest.raises(ConfigError, match=r"model\.name=.* expected a transformer: gpt\*, vit\*"):
+        method_for({"name": method}, model)
 
 
 RESUME = """
@@ -66,8 +84,8 @@ def test_every_method_resumes_exactly_in_a_fresh_process(tmp_path):
 
     shipped = [name for name in METHODS.names() if METHODS.info(name)]  # not the README's example, when registered
     for method in shipped:
-        run_experiment(fair_config(method, rounds=2, model="cnn"), tmp_path / "straight" / method)
-        run_experiment(fair_config(method, rounds=1, model="cnn"), tmp_path / "resumed" / method)
+        run_experiment(fair_config(method, rounds=2, model="cnn", tmp_path=tmp_path), tmp_path / "straight" / method)
+        run_experiment(fair_config(method, rounds=1, model="cnn", tmp_path=tmp_path), tmp_path / "resumed" / method)
     resumed = [str(tmp_path / "resumed" / m) for m in shipped]
     subprocess.run([sys.executable, "-c", RESUME, *resumed], env=cli_env(), cwd=ROOT, check=True)
     for method in shipped:
@@ -76,7 +94,7 @@ def test_every_method_resumes_exactly_in_a_fresh_process(tmp_path):
 
 
 @pytest.mark.parametrize("method", METHODS.names())
-def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(method):
+def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(tmp_path, method):
     """Every spec a method evaluates or hands a client loads strictly into the model built for it, and
     specs of one shape (rolled windows, other bases, other rounds) hold exactly the same keys."""
     from dataclasses import replace
@@ -86,7 +104,7 @@ def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(method):
     from hfl.submodel.spec import extract
     from hfl.types import RoundContext
 
-    config = fair_config(method)
+    config = fair_config(method, tmp_path=tmp_path)
     env = ClientEnvironment.from_config(config)
     global_state = initial_state(config, env).global_state
     m = env.method
