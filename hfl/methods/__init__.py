@@ -41,3 +41,5 @@ METHODS.declare("caff", "hfl.methods.caff", paper="Pfeiffer, Ahmed, Khalili and 
                 summary="picks the family member maximising the clients' mean trained blocks; each trains its last t blocks")
 METHODS.declare("hetlora", "hfl.methods.hetlora", paper="Cho, Liu, Xu, Fahrezi and Joshi, 2024 (arXiv:2401.06432), as CAFF's appendix B runs it",
                 summary="low-rank adapters on a pretrained transformer's block linears, the rank fitted to each client's budget")
+METHODS.declare("fedhm", "hfl.methods.fedhm", paper="Yao, Pan, O'Neill, Dai, Wan, Jin and Sun, 2021 (arXiv:2111.14655), as CAFF's appendix B runs it",
+                summary="clients train low-rank SVD factors of the dense model's block linears, the rank fitted to their budget")

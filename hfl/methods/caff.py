@@ -33,6 +33,7 @@ from hfl.methods.base import (
     MethodConfig,
     MethodState,
     Resources,
+    embedding_keys,
     require_transformer,
 )
 from hfl.registry import METHODS
@@ -128,8 +129,7 @@ class CAFF(Method):
         """F_l^t: blocks past l absent, the embeddings and the first l - t blocks frozen."""
         model = self.model
         spec = drop_blocks(SubmodelSpec(), model, range(depth, len(model.body)))
-        embeddings = {f"stem.{k}" for k in model.stem.state_dict()}
-        return freeze(spec, embeddings | block_keys(model, range(depth - trained)))
+        return freeze(spec, embedding_keys(model) | block_keys(model, range(depth - trained)))
 
     def _depth_ladder(self, depth: int) -> Ladder:
         levels = [Level(f"l{depth}t{t}", self.finetune_spec(depth, t), FinetuneOptions(depth, t)) for t in range(1, depth + 1)]

@@ -39,7 +39,6 @@ from hfl.methods.heterofl import HeteroFL, HeteroFLConfig
 from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
 from hfl.seeding import DISTILL_STREAM, derive_seed
-from hfl.submodel.spec import extract
 from hfl.types import ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ class FedDF(HeteroFL):
             width = self.width_of(spec)
             teacher = self._teacher_model(width)
             # Statistics are recomputed on x, so they may be missing here, whatever the norm.
-            loaded = teacher.load_state_dict({**extract(global_state, spec), **update.state}, strict=False)
+            loaded = teacher.load_state_dict({**self.client_state(global_state, spec), **update.state}, strict=False)
             if loaded.unexpected_keys or not all(k.endswith(STATISTICS) for k in loaded.missing_keys):
                 raise RuntimeError(f"client {update.client_id}'s state does not fit a width-{width} model: {loaded}")
             logits = predict(teacher, x)

@@ -38,12 +38,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import check
-from hfl.methods.base import LadderConfig, Method, Resources, require_transformer
+from hfl.methods.base import (
+    LadderConfig,
+    Method,
+    Resources,
+    block_linears,
+    embedding_keys,
+    level_costs,
+    require_transformer,
+)
 from hfl.models.base import ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, shape_model
-from hfl.types import RoundContext
 
 
 @dataclass(frozen=True)
@@ -72,16 +79,6 @@ class RankOptions:
     rank: int
 
 
-def adapted_linears(model: ScalableModel) -> dict[str, nn.Linear]:
-    """Every linear layer of the model's transformer blocks, by qualified module name."""
-    return {
-        f"body.{i}.{name}": module
-        for i, block in enumerate(model.body)
-        for name, module in block.named_modules()
-        if isinstance(module, nn.Linear)
-    }
-
-
 def add_low_rank_term(linear: nn.Linear, args: tuple[Tensor, ...], output: Tensor) -> Tensor:
     """The adapter's forward hook. It reads the adapter from the module it is called on, so a copied
     model (the accountant's) or swapped weights (`torch.func.functional_call`) use their own."""
@@ -91,7 +88,7 @@ def add_low_rank_term(linear: nn.Linear, args: tuple[Tensor, ...], output: Tenso
 def add_adapters(model: ScalableModel, rank: int, scale: float) -> ScalableModel:
     """Give every linear layer of the model's transformer blocks a rank-`rank` adapter (A random, B
     zero: the model's outputs are unchanged until B trains)."""
-    for linear in adapted_linears(model).values():
+    for linear in block_linears(model).values():
         weight = linear.weight
         linear.lora_A = nn.Parameter(nn.init.kaiming_uniform_(weight.new_empty(rank, linear.in_features), a=math.sqrt(5)))
         linear.lora_B = nn.Parameter(weight.new_zeros(linear.out_features, rank))
@@ -111,14 +108,13 @@ class HetLoRA(Method):
         self.max_rank = max(config.ranks)
         self.scale = config.alpha / self.max_rank
         self.model = self.adapt_model(model)
-        linears = adapted_linears(self.model)
+        linears = block_linears(self.model)
         self.adapter_keys = [(f"{name}.lora_A", f"{name}.lora_B") for name in linears]
         self.frozen = frozenset(
-            [f"stem.{key}" for key in self.model.stem.state_dict()]
-            + [f"{name}.{key}" for name, linear in linears.items() for key in ("weight", "bias") if getattr(linear, key) is not None]
-        )
+            [f"{name}.{key}" for name, linear in linears.items() for key in ("weight", "bias") if getattr(linear, key) is not None]
+        ) | embedding_keys(self.model)
         levels = [Level(f"r{rank}", self.rank_spec(rank), RankOptions(rank)) for rank in sorted(config.ranks)]
-        self.ladder = self.make_ladder(levels, tier_window=config.tier_window, table=self.level_table)
+        self.ladder = self.make_ladder(levels, tier_window=config.tier_window, table=lambda ctx: level_costs(self, ctx))
 
     def rank_spec(self, rank: int) -> SubmodelSpec:
         """Rows 0..rank-1 of every A and columns 0..rank-1 of every B; block weights and embeddings frozen."""
@@ -127,17 +123,6 @@ class HetLoRA(Method):
         for a, b in self.adapter_keys:
             indices[a], indices[b] = {0: kept}, {1: kept}
         return SubmodelSpec(indices=indices, frozen=self.frozen, variant=(("rank", rank),))
-
-    def level_table(self, ctx: RoundContext) -> list[dict[str, Any]]:
-        """`hfl budget`'s row per rank: what a client of it uploads and computes (its training
-        memory is added by the ladder); CAFF's point that a lower rank saves upload and FLOPs far
-        more than memory shows here."""
-        rows = []
-        for level in self.ladder.levels:
-            cost = self.training_cost(self.ladder.task_for(ctx, level), self.resources.batch_size)
-            rows.append({"name": level.name, "rank": level.options.rank, "upload_bytes": self.upload_bytes(level.spec),
-                         "flops": cost.forward_flops_per_sample})
-        return rows
 
     def rank_of(self, spec: SubmodelSpec) -> int:
         """The adapters' rank a spec's model has (the global model's, r_max, unless the spec says)."""

@@ -16,8 +16,8 @@ from hfl.backends.base import ClientEnvironment
 from hfl.config import build_dataclass
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods.base import Resources
-from hfl.methods.hetlora import HetLoRA, HetLoRAConfig, adapted_linears
+from hfl.methods.base import Resources, block_linears
+from hfl.methods.hetlora import HetLoRA, HetLoRAConfig
 from hfl.models.gpt import GPT
 from hfl.models.vit import ViT
 from hfl.server import initial_state, train_settings
@@ -65,7 +65,7 @@ def test_adapted_model_starts_as_the_pretrained_one_exactly(model):
     plain.load_state_dict(pretrained)
     adapted = method.client_model(full_spec())
     adapted.load_state_dict(state)
-    linears = adapted_linears(adapted)
+    linears = block_linears(adapted)
     assert len(linears) == 2 * 6  # q, k, v, proj, fc1, fc2 in each of 2 blocks
     assert all(layer.lora_A.abs().sum() > 0 for layer in linears.values())  # A random, B zero
     x = MODELS[model][1]()
@@ -179,7 +179,7 @@ def test_a_round_keeps_frozen_weights_bit_identical_and_sends_only_the_trained_t
     for record in read_metrics(tmp_path / "run"):
         for client in record["clients"]:
             rank = client["submodel"]["rank"]
-            adapters = sum(rank * (m.in_features + m.out_features) for m in adapted_linears(model).values())
+            adapters = sum(rank * (m.in_features + m.out_features) for m in block_linears(model).values())
             assert client["bytes_up"] == 4 * (adapters + layer_norms + head), rank
 
 

@@ -14,11 +14,13 @@ TRAINS_THE_FULL_MODEL_REGARDLESS = {"fedavg", "fedprox", "feddst", "flpqsu", "fe
 NEEDS_A_SERVER_SPLIT = {"feddf"}
 SHORTER = {"feddf": {"distill_steps": 5}, "caff": {"depths": [1]}}  # seconds matter here; the method's own tests cover its defaults
 ADJUSTING = {"fedtiny": {"adjust_every": 1}, "fedmef": {"adjust_every": 1}, "feddst": {"adjust_every": 1}}  # both rounds change the mask (and resume must keep it)
-TRANSFORMER_ONLY = {"hetlora", "caff"}
-BUDGETS = {"caff": {"scenario": "tiers", "memory": ["width:1/2"]}}
-"""Budgets other than `fair`: CAFF refuses budgets in which some client fits no block (Eq. 1)."""
+TRANSFORMER_ONLY = {"hetlora", "caff", "fedhm"}
 """Methods that adapt transformer blocks: they refuse the CNNs and run on the tiny GPT of the
 Shakespeare fixture (`text_config`) instead."""
+BUDGETS = {"caff": {"scenario": "tiers", "memory": ["width:1/2"]},
+           "fedhm": {"scenario": "tiers", "memory": ["width:1/2", "width:1"], "upload": ["width:1/4", "width:1"]}}
+"""Budgets other than `fair`: CAFF refuses budgets in which some client fits no block (Eq. 1);
+FedHM's factors save upload and FLOPs, hardly memory, so under `fair` no client would train factors."""
 CONTRACT_RUNS = [(m, model) for m in METHODS.names() for model in (("gpt",) if m in TRANSFORMER_ONLY else ("cnn", "preresnet20"))]
 
 
@@ -95,13 +97,13 @@ def test_every_method_resumes_exactly_in_a_fresh_process(tmp_path):
 
 @pytest.mark.parametrize("method", METHODS.names())
 def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(tmp_path, method):
-    """Every spec a method evaluates or hands a client loads strictly into the model built for it, and
-    specs of one shape (rolled windows, other bases, other rounds) hold exactly the same keys."""
+    """What every spec a method evaluates or hands a client receives (`client_state`) loads strictly
+    into the model built for it, and specs of one shape (rolled windows, other bases, other rounds)
+    hold exactly the same keys."""
     from dataclasses import replace
 
     from hfl.backends.base import ClientEnvironment
     from hfl.server import initial_state, train_settings
-    from hfl.submodel.spec import extract
     from hfl.types import RoundContext
 
     config = fair_config(method, tmp_path=tmp_path)
@@ -117,6 +119,6 @@ def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(tmp_path, method):
                 specs.append(task.spec)
     keys_by_shape: dict[tuple, set[str]] = {}
     for spec in specs:
-        held = extract(global_state, spec)
+        held = m.client_state(global_state, spec)
         m.client_model(spec).load_state_dict(held, strict=True)
         assert keys_by_shape.setdefault(spec.shape, set(held)) == set(held), spec.shape
