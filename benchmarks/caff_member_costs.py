@@ -1,0 +1,83 @@
+"""What each level of a method costs on every member of a pretrained family, measured by hfl's
+accountant: training peak memory, training FLOPs per sample and upload bytes, smallest level to
+largest. CAFF's baselines run on one member each (`--choose`, from the JSON this writes): the
+deepest member whose smallest level fits the given (weakest client's) constraints, or with
+`--level largest` whose full model fits them (the strongest client's): CAFF's appendix B gives
+HeteroFL, FjORD and DepthFL the deepest model one client can train whole.
+
+    python benchmarks/caff_member_costs.py experiments/caff_table1/hetlora.yaml --json COSTS.json [overrides]
+    python benchmarks/caff_member_costs.py --choose COSTS.json --memory 55MiB --upload 1GB --flops 1e15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hfl.accounting.amounts import absolute_amount
+from hfl.backends.base import ClientEnvironment
+from hfl.budget import round_one
+from hfl.config import load_config
+
+
+def member_costs(config_path: str, depth: int, overrides: list[str]) -> tuple[list[dict], int, int]:
+    """Every ladder level's costs for the config run on family member `depth` (`model.name=gpt_l<l>`)."""
+    name = "gpt" if depth == 12 else f"gpt_l{depth}"
+    family = "lm_cpu"
+    extra = [f"model.name={name}", f"model.pretrained={family}:{depth}", "budgets.scenario=none", "budgets.memory=[]"]
+    config = load_config(config_path, [*extra, *overrides])
+    env = ClientEnvironment.from_config(config)
+    method, ctx = env.method, round_one(config, env, 0)
+    batch = min(config.fl.batch_size, ctx.num_samples)
+    rows = []
+    for level in method.ladder.levels:
+        task = method.ladder.task_for(ctx, level)
+        cost = method.training_cost(task, batch)
+        rows.append({"depth": depth, "level": level.name, "peak_bytes": cost.peak_bytes,
+                     "train_flops_per_sample": cost.train_flops_per_sample, "upload_bytes": method.upload_bytes(task.spec)})
+    return rows, max(len(p) for p in env.partitions), config.fl.local_epochs
+
+
+def deepest_fitting(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> int | None:
+    """The deepest member whose `level` (smallest or largest) fits memory and upload, and the FLOPs
+    of a round of the client with the most samples; None when no member fits."""
+    samples = costs["max_samples"] * costs["local_epochs"]
+    fitting = [r["depth"] for r in costs["rows"] if r["level"] == costs[level][str(r["depth"])]
+               and r["peak_bytes"] <= memory and r["upload_bytes"] <= upload and r["train_flops_per_sample"] * samples <= flops]
+    return max(fitting, default=None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--depths", default="3,6,9,12")
+    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--choose", metavar="COSTS", help="print the deepest member fitting --memory, --upload and --flops ('none' if none)")
+    parser.add_argument("--memory", default="1e15")
+    parser.add_argument("--upload", default="1e15")
+    parser.add_argument("--flops", default="1e18")
+    parser.add_argument("--level", choices=("smallest", "largest"), default="smallest")
+    args = parser.parse_args()
+    if args.choose:
+        with open(args.choose) as f:
+            depth = deepest_fitting(json.load(f), absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
+        print("none" if depth is None else depth)
+        return 0
+    rows, smallest, largest, samples, epochs = [], {}, {}, 0, 1
+    for d in args.depths.split(","):
+        member, samples, epochs = member_costs(args.config, int(d), args.overrides)
+        rows += member
+        smallest[d], largest[d] = member[0]["level"], member[-1]["level"]
+    print(f"{'l':>3} {'level':>8} {'peak MiB':>10} {'MFLOPs/sample':>14} {'upload MiB':>11}")
+    for r in rows:
+        print(f"{r['depth']:>3} {r['level']:>8} {r['peak_bytes'] / 2**20:>10.2f} {r['train_flops_per_sample'] / 1e6:>14.1f} {r['upload_bytes'] / 2**20:>11.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "smallest": smallest, "largest": largest, "max_samples": samples, "local_epochs": epochs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

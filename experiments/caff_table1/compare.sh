@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# CAFF's Table 1 (Pfeiffer et al. 2024, ../shared/papers/004_*): homogeneous memory, upload and FLOPs
+# constraints, three levels each, on Shakespeare with the lm_cpu family (`hfl pretrain
+# experiments/pretrain/lm_cpu.yaml`). CAFF picks its member (Eq. 3); each baseline (HetLoRA, FedHM,
+# FedRolex) runs on the deepest member whose smallest level fits every client
+# (`benchmarks/caff_member_costs.py`, whose tables land in OUT/costs). The paper's MB / GFLOPs belong to
+# its 8192-token vocabulary and 256-token context; ours are set against our family's measured costs
+# (`hfl budget experiments/caff_table1/caff.yaml` prints CAFF's (l, t) table):
+#   memory  55 / 75 / 100 MiB  ~ CAFF's F_l^3 / F_l^4 / F_l^6 (MiB per trained block ~14.5, HetLoRA at l = 3 ~51-60)
+#   upload  0.5 / 1 / 2 MiB    ~ CAFF's t = 1 / 2 / 4 (a block is 0.43 MiB)
+#   FLOPs   200 / 400 / 800 GFLOPs per client-round (all local epochs; the largest client decides)
+# Overrides go to every run; `kinds=memory,upload` runs only those constraint kinds (two shells can
+# split the grid), `levels=1,3` only those levels.
+#   experiments/caff_table1/compare.sh runs/caff1 fl.rounds=20
+set -euo pipefail
+here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+parse_comparison "$@"
+kinds=(memory upload flops)
+levels=(1 2 3)
+common=()
+for arg in "${overrides[@]}"; do
+  case $arg in
+    kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
+    levels=*) IFS=, read -ra levels <<< "${arg#levels=}" ;;
+    *) common+=("$arg") ;;
+  esac
+done
+baselines=(hetlora fedhm fedrolex)
+costs_tool="$here/../../benchmarks/caff_member_costs.py"
+mkdir -p "$out/costs"
+for method in "${baselines[@]}"; do
+  [ -f "$out/costs/$method.json" ] || python "$costs_tool" "$here/$method.yaml" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
+done
+declare -A amounts=([memory]="55MiB 75MiB 100MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="200e9 400e9 800e9")
+free=1e15
+for kind in "${kinds[@]}"; do
+  read -ra values <<< "${amounts[$kind]}"
+  for level in "${levels[@]}"; do
+    value=${values[$((level - 1))]}
+    memory=$free upload=$free flops=$free
+    declare "$kind=$value"
+    budget=("budgets.memory=[$memory]" "budgets.upload=[$upload]" "budgets.flops=[$flops]")
+    run_method "$kind$level-caff" "$here/caff.yaml" "${common[@]}" "${budget[@]}"
+    for method in "${baselines[@]}"; do
+      depth=$(python "$costs_tool" --choose "$out/costs/$method.json" --memory "$memory" --upload "$upload" --flops "$flops")
+      if [ "$depth" = none ]; then
+        echo "$kind$level-$method: no member's smallest level fits $kind=$value; not run" | tee -a "$out/not_run.txt"
+        continue
+      fi
+      model=gpt_l$depth
+      [ "$depth" = 12 ] && model=gpt
+      run_method "$kind$level-$method" "$here/$method.yaml" "${common[@]}" "${budget[@]}" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+    done
+  done
+done
+write_report

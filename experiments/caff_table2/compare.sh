@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# CAFF's Table 2 (Pfeiffer et al. 2024, ../shared/papers/004_*): heterogeneous constraints, half the
+# clients low and half high, on Shakespeare with the lm_cpu family; CAFF, HetLoRA, FedHM, FedRolex
+# (experiments/caff_table1/*.yaml) and HeteroFL, FjORD, DepthFL (here). CAFF picks its member (Eq. 3);
+# HetLoRA, FedHM and FedRolex run on the deepest member whose smallest level fits the low clients,
+# HeteroFL, FjORD and DepthFL on the deepest member a high client can train whole (CAFF's appendix B),
+# both by `benchmarks/caff_member_costs.py` (tables in OUT/costs). Settings, against our family's
+# measured costs as in experiments/caff_table1/compare.sh:
+#   memory [55, 100] MiB    upload [0.5, 2] MiB    FLOPs [200, 800] GFLOPs per client-round
+# Overrides go to every run; `kinds=memory` runs only those constraint kinds.
+#   experiments/caff_table2/compare.sh runs/caff2 fl.rounds=20
+set -euo pipefail
+here=$(dirname "$0")
+table1="$here/../caff_table1"
+source "$here/../compare_lib.sh"
+parse_comparison "$@"
+kinds=(memory upload flops)
+common=()
+for arg in "${overrides[@]}"; do
+  case $arg in
+    kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
+    *) common+=("$arg") ;;
+  esac
+done
+costs_tool="$here/../../benchmarks/caff_member_costs.py"
+declare -A config=([hetlora]="$table1/hetlora.yaml" [fedhm]="$table1/fedhm.yaml" [fedrolex]="$table1/fedrolex.yaml"
+                   [heterofl]="$here/heterofl.yaml" [fjord]="$here/fjord.yaml" [depthfl]="$here/depthfl.yaml")
+declare -A fits=([hetlora]=smallest [fedhm]=smallest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
+mkdir -p "$out/costs"
+for method in "${!config[@]}"; do
+  [ -f "$out/costs/$method.json" ] || python "$costs_tool" "${config[$method]}" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
+done
+declare -A lows=([memory]=55MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=100MiB [upload]=2MiB [flops]=800e9)
+free=1e15
+for kind in "${kinds[@]}"; do
+  declare -A lo=([memory]=$free [upload]=$free [flops]=$free) hi=([memory]=$free [upload]=$free [flops]=$free)
+  lo[$kind]=${lows[$kind]}
+  hi[$kind]=${highs[$kind]}
+  budget=("budgets.memory=[${lo[memory]},${hi[memory]}]" "budgets.upload=[${lo[upload]},${hi[upload]}]" "budgets.flops=[${lo[flops]},${hi[flops]}]")
+  run_method "$kind-caff" "$table1/caff.yaml" "${common[@]}" "${budget[@]}"
+  for method in hetlora fedhm fedrolex heterofl fjord depthfl; do
+    if [ "${fits[$method]}" = smallest ]; then side=(--memory "${lo[memory]}" --upload "${lo[upload]}" --flops "${lo[flops]}")
+    else side=(--memory "${hi[memory]}" --upload "${hi[upload]}" --flops "${hi[flops]}"); fi
+    depth=$(python "$costs_tool" --choose "$out/costs/$method.json" --level "${fits[$method]}" "${side[@]}")
+    if [ "$depth" = none ]; then
+      echo "$kind-$method: no member fits; not run" | tee -a "$out/not_run.txt"
+      continue
+    fi
+    model=gpt_l$depth
+    [ "$depth" = 12 ] && model=gpt
+    run_method "$kind-$method" "${config[$method]}" "${common[@]}" "${budget[@]}" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+  done
+done
+write_report
