@@ -29,7 +29,7 @@ def member_costs(config_path: str, depth: int, overrides: list[str]) -> tuple[li
     config = load_config(config_path, [*extra, *overrides])
     env = ClientEnvironment.from_config(config)
     method, ctx = env.method, round_one(config, env, 0)
-    batch = min(config.fl.batch_size, ctx.num_samples)
+    batch = config.fl.batch_size  # what every client with a full batch pays; smaller clients pay less
     rows = []
     for level in method.ladder.levels:
         task = method.ladder.task_for(ctx, level)

@@ -1,7 +1,8 @@
 # Sourced by the comparison scripts (experiments/*/compare.sh): their arguments, seeds, one run per
 # method and seed, and the report.
 #   source compare_lib.sh; parse_comparison "$@"   # sets out, seeds, overrides
-#   run_method NAME CONFIG [overrides...]           # into OUT/NAME, or OUT/NAME-seed<k> with several seeds
+#   run_method NAME CONFIG [overrides...]           # into OUT/NAME, or OUT/NAME-seed<k> with several seeds;
+#                                                   # a finished run is kept, an interrupted one resumed
 #   write_report                                    # OUT/report; several seeds: mean ± std per method
 seeds=(0)
 runs=()
@@ -28,7 +29,13 @@ run_method() {
   for seed in "${seeds[@]}"; do
     dir="$out/$name"
     [ "${#seeds[@]}" -gt 1 ] && dir="$out/$name-seed$seed"
-    hfl run "$config" "$@" "seed=$seed" --out "$dir"
+    if [ -f "$dir/summary.json" ]; then  # finished before: running the script again completes an interrupted comparison
+      echo "$dir: done before, kept"
+    elif [ -f "$dir/checkpoint.pt" ]; then
+      hfl run --resume "$dir" "$@"
+    else
+      hfl run "$config" "$@" "seed=$seed" --out "$dir"
+    fi
     runs+=("$dir")
   done
 }

@@ -39,7 +39,7 @@ def test_language_model_scores_count_tokens_not_windows():
     data = TokenDataset("hand", tokens, ("a",), spans, spans, seq_len=2, num_classes=VOCAB)
     model = RepeatLast()
     env = SimpleNamespace(config=small_config(), data=data, device=torch.device("cpu"), test_x=data.test_x, test_y=data.test_y,
-                          method=SimpleNamespace(client_model=lambda spec, norm=None: model))
+                          method=SimpleNamespace(client_model=lambda spec, norm=None: model, client_state=lambda state, spec: state))
     scores = Evaluator(env)(model.state_dict())
     # Repeating the current token is right at 5 of the 8 positions: 1|1, 2|2, 2|2, 2|2, 2|2 (x|target).
     assert scores["accuracy"] == 5 / 8

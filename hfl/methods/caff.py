@@ -163,13 +163,14 @@ class CAFF(Method):
 
     # -- reporting ----------------------------------------------------------------------------------
     def budget_table(self, ctx: RoundContext) -> tuple[str, list[dict[str, Any]]]:
-        """Every (l, t): measured peak memory, FLOPs per sample, upload; the mean t and the choice."""
+        """Every (l, t) at a full batch: measured peak memory, FLOPs per sample, upload; the mean t
+        and the choice (a client with fewer samples than a batch pays less memory)."""
         rows = []
-        batch = min(ctx.train.batch_size, ctx.num_samples)
+        batch = ctx.train.batch_size
         for depth, ladder in self.ladders.items():
             for level in ladder.levels:
                 cost = self.training_cost(ladder.task_for(ctx, level), batch)
                 rows.append({"depth": depth, "trained": level.options.trained, "peak_bytes": cost.peak_bytes,
                              "train_flops_per_sample": cost.train_flops_per_sample, "upload_bytes": self.upload_bytes(level.spec),
                              "mean_trained": self.selection.mean_trained[depth], "chosen": depth == self.depth})
-        return f"CAFF's selection (Eq. 1-3): F_l^t per depth l and trained blocks t; chosen l = {self.depth}", rows
+        return f"CAFF's selection (Eq. 1-3): F_l^t per depth l and trained blocks t, batch {batch}; chosen l = {self.depth}", rows
