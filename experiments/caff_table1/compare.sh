@@ -5,10 +5,12 @@
 # FedRolex) runs on the deepest member whose smallest level fits every client
 # (`benchmarks/caff_member_costs.py`, whose tables land in OUT/costs). The paper's MB / GFLOPs belong to
 # its 8192-token vocabulary and 256-token context; ours are set against our family's measured costs
-# (`hfl budget experiments/caff_table1/caff.yaml` prints CAFF's (l, t) table):
-#   memory  55 / 75 / 100 MiB  ~ CAFF's F_l^3 / F_l^4 / F_l^6 (MiB per trained block ~14.5, HetLoRA at l = 3 ~51-60)
+# (`hfl budget experiments/caff_table1/caff.yaml` prints CAFF's (l, t) table; batch 32):
+#   memory  60 / 80 / 110 MiB  ~ CAFF's F_12^3 / F_12^4 / F_12^6 (16 MiB per trained block); HetLoRA needs
+#                                56 MiB at l = 3 (rank 3) and 103 at l = 6, FedHM 51 and 97
 #   upload  0.5 / 1 / 2 MiB    ~ CAFF's t = 1 / 2 / 4 (a block is 0.43 MiB)
-#   FLOPs   200 / 400 / 800 GFLOPs per client-round (all local epochs; the largest client decides)
+#   FLOPs   200 / 400 / 800 GFLOPs per client-round (all local epochs: the client with the most
+#           samples, 691 windows x 2 epochs at seed 0, decides which members are feasible)
 # Overrides go to every run; `kinds=memory,upload` runs only those constraint kinds (two shells can
 # split the grid), `levels=1,3` only those levels.
 #   experiments/caff_table1/compare.sh runs/caff1 fl.rounds=20
@@ -32,7 +34,7 @@ mkdir -p "$out/costs"
 for method in "${baselines[@]}"; do
   [ -f "$out/costs/$method.json" ] || python "$costs_tool" "$here/$method.yaml" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
 done
-declare -A amounts=([memory]="55MiB 75MiB 100MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="200e9 400e9 800e9")
+declare -A amounts=([memory]="60MiB 80MiB 110MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="200e9 400e9 800e9")
 free=1e15
 for kind in "${kinds[@]}"; do
   read -ra values <<< "${amounts[$kind]}"

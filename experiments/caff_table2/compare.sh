@@ -6,7 +6,7 @@
 # HeteroFL, FjORD and DepthFL on the deepest member a high client can train whole (CAFF's appendix B),
 # both by `benchmarks/caff_member_costs.py` (tables in OUT/costs). Settings, against our family's
 # measured costs as in experiments/caff_table1/compare.sh:
-#   memory [55, 100] MiB    upload [0.5, 2] MiB    FLOPs [200, 800] GFLOPs per client-round
+#   memory [60, 110] MiB    upload [0.5, 2] MiB    FLOPs [200, 800] GFLOPs per client-round
 # Overrides go to every run; `kinds=memory` runs only those constraint kinds.
 #   experiments/caff_table2/compare.sh runs/caff2 fl.rounds=20
 set -euo pipefail
@@ -30,7 +30,7 @@ mkdir -p "$out/costs"
 for method in "${!config[@]}"; do
   [ -f "$out/costs/$method.json" ] || python "$costs_tool" "${config[$method]}" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
 done
-declare -A lows=([memory]=55MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=100MiB [upload]=2MiB [flops]=800e9)
+declare -A lows=([memory]=60MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=110MiB [upload]=2MiB [flops]=800e9)
 free=1e15
 for kind in "${kinds[@]}"; do
   declare -A lo=([memory]=$free [upload]=$free [flops]=$free) hi=([memory]=$free [upload]=$free [flops]=$free)
