@@ -30,6 +30,10 @@ PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_
 REDUCED = ["data.name=digits", "model.name=preresnet20", "fl.clients=8", "fl.fraction=0.5", "fl.rounds=2",
            "fl.batch_size=16", "fl.local_epochs=1"]
 """The reduced form of an experiment (as tests/test_experiments.py runs ScaleFL's comparison)."""
+REDUCED_TEXT = ["data.seq_len=8", "data.stride=8", "model.name=gpt", "model.depth=2", "model.width=0.5", "model.pretrained=''",
+                "fl.clients=6", "fl.fraction=0.5", "fl.rounds=2", "fl.batch_size=16", "fl.local_epochs=1"]
+"""The reduced form of a text experiment: the Shakespeare fixture corpus (`tests.conftest`, written
+for the run), a 2-block half-width GPT from random weights (CI has no pretrained family)."""
 METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "feddst", "fedepth", "fedmef", "fedprox", "fedtiny", "flpqsu", "fedrolex", "fjord",
            "heterofl", "mfedepth", "nefl", "scalefl", "splitmix")
 TIMINGS = ("wall_seconds", "seconds")
@@ -44,12 +48,22 @@ def experiment_files() -> list[Path]:
     return [p for p in sorted((ROOT / "experiments").rglob("*.yaml")) if PRETRAIN_CONFIGS not in p.parents]
 
 
+def is_text_experiment(path: Path) -> bool:
+    import yaml
+
+    return (yaml.safe_load(path.read_text()).get("data") or {}).get("name") == "shakespeare"
+
+
 def runs() -> dict[str, tuple[Path, list[str]]]:
     """Run name -> (experiment file, overrides)."""
     found: dict[str, tuple[Path, list[str]]] = {}
     for path in experiment_files():
         name = str(path.relative_to(ROOT / "experiments").with_suffix("")).replace("/", "__")
         extra = ["method.distill_steps=5"] if "feddf" in path.stem else []
+        if is_text_experiment(path):
+            extra = ["method.depths=[1,2]"] if path.stem == "caff" else []
+            found[f"experiment__{name}"] = (path, REDUCED_TEXT + extra)
+            continue
         found[f"experiment__{name}"] = (path, REDUCED + extra)
     quickstart = ROOT / "experiments" / "quickstart.yaml"
     for method in METHODS:
@@ -74,8 +88,13 @@ def run(path: Path, overrides: list[str]) -> list[dict[str, Any]]:
     from hfl.server import run_experiment
 
     with tempfile.TemporaryDirectory() as out:
-        run_experiment(load_config(path, overrides), out)
-        return without_timings(read_metrics(out))
+        if is_text_experiment(path):
+            from tests.conftest import write_shakespeare_corpus
+
+            corpus = write_shakespeare_corpus(Path(out) / "corpus")
+            overrides = [*overrides, f"data.root={corpus}", f"data.cache_dir={Path(out) / 'cache'}"]
+        run_experiment(load_config(path, overrides), Path(out) / "run")
+        return without_timings(read_metrics(Path(out) / "run"))
 
 
 def run_all(names: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
