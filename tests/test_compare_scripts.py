@@ -9,6 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "experiments").glob("*/compare.sh"))
+PER_CONSTRAINT = {"caff_table1", "caff_table2"}
+"""CAFF's grids name runs by constraint and method and choose each baseline's family member (own tests below)."""
+ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT]
 
 
 def calls_of(script, tmp_path, *args):
@@ -24,10 +27,11 @@ def calls_of(script, tmp_path, *args):
 
 
 def test_every_comparison_script_is_checked():
-    assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "fedmef_table1", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory"}
+    assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "fedmef_table1", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory",
+                                                "lm_pretrained_vs_random", *PER_CONSTRAINT}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.parent.name)
+@pytest.mark.parametrize("script", ONE_RUN_PER_CONFIG, ids=lambda s: s.parent.name)
 def test_seeds_run_every_method_once_per_seed_and_report_them_all(script, tmp_path):
     calls = calls_of(script, tmp_path, "--seeds", "0,2", "fl.rounds=1")
     runs, report = calls[:-1], calls[-1]
@@ -67,3 +71,43 @@ def test_fedmef_comparison_gives_the_sparsity_to_the_pruning_methods_only(tmp_pa
     for override in ("method.adjust_every=4", "method.stop_round=24"):
         assert {Path(c[1]).stem for c in calls[:-1] if override in c} == {"feddst", "fedtiny", "fedmef"}
     assert all("fl.rounds=1" in c for c in calls[:-1])
+
+
+def member_costs(out, methods):
+    """Cost tables as `benchmarks/caff_member_costs.py` writes them (the scripts keep existing ones):
+    every method's smallest level costs 50 MiB on l = 3 and 200 MiB on l = 12 (FedRolex's and HeteroFL's
+    20 and 30), its largest 100 and 400 MiB."""
+    import json
+
+    folder = out / "costs"
+    folder.mkdir(parents=True)
+    for method in methods:
+        small = (20, 30) if method in ("fedrolex", "heterofl") else (50, 200)
+        rows = [{"depth": d, "level": level, "peak_bytes": mib * 2**20, "train_flops_per_sample": 1, "upload_bytes": 1}
+                for d, low, high in zip((3, 12), small, (100, 400)) for level, mib in (("small", low), ("large", high))]
+        (folder / f"{method}.json").write_text(json.dumps({"rows": rows, "smallest": {"3": "small", "12": "small"}, "largest": {"3": "large", "12": "large"},
+                                                           "max_samples": 10, "local_epochs": 1}))
+
+
+def test_caff_table1_gives_each_baseline_the_deepest_member_its_smallest_level_fits(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
+    calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "--seeds", "0,2", "kinds=memory", "levels=1", "fl.rounds=1")
+    runs, report = calls[:-1], calls[-1]
+    by_out = {Path(c[-1]).name: c for c in runs}
+    assert sorted(by_out) == sorted(f"memory1-{m}-seed{s}" for m in ("caff", "hetlora", "fedhm", "fedrolex") for s in (0, 2))
+    assert all("budgets.memory=[60MiB]" in c and "fl.rounds=1" in c for c in runs)
+    assert "model.pretrained=lm_cpu:3" in by_out["memory1-hetlora-seed0"] and "model.name=gpt_l3" in by_out["memory1-fedhm-seed2"]
+    assert "model.name=gpt" in by_out["memory1-fedrolex-seed0"] and "model.pretrained=lm_cpu:12" in by_out["memory1-fedrolex-seed0"]
+    assert not any(a.startswith("model.") for a in by_out["memory1-caff-seed0"])  # CAFF picks its own member
+    assert report[0] == "report" and len(report[1:-2]) == 8
+
+
+def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"))
+    calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "kinds=memory")
+    by_out = {Path(c[-1]).name: c for c in calls[:-1]}
+    assert all("budgets.memory=[60MiB,110MiB]" in c for c in by_out.values())
+    # HetLoRA's smallest level fits the low clients (60 MiB) on l = 3 only; a high client (110 MiB) trains HeteroFL's
+    # l = 3 whole but not l = 12, although the low ones could train a slice of l = 12.
+    assert "model.name=gpt_l3" in by_out["memory-hetlora"] and "model.name=gpt_l3" in by_out["memory-heterofl"]
+    assert "model.name=gpt" in by_out["memory-fedrolex"]
