@@ -19,6 +19,34 @@ parse_comparison() {
   overrides=("$@")
 }
 
+# CAFF's grids: OUT/costs/METHOD.json, each member's level costs for CONFIG (kept when there already).
+#   member_costs METHOD CONFIG [overrides...]
+member_costs() {
+  local method=$1 config=$2
+  shift 2
+  mkdir -p "$out/costs"
+  [ -f "$out/costs/$method.json" ] || python "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/caff_member_costs.py" "$config" "$@" \
+    --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
+}
+
+# CAFF's grids: run NAME from CONFIG on the family member `benchmarks/caff_member_costs.py --choose`
+# picks from COSTS (LEVEL: smallest or largest) within MEMORY, UPLOAD and FLOPS; noted in OUT/not_run.txt
+# when no member fits.
+#   run_on_member NAME CONFIG COSTS LEVEL MEMORY UPLOAD FLOPS [overrides...]
+run_on_member() {
+  local name=$1 config=$2 costs=$3 level=$4 memory=$5 upload=$6 flops=$7 depth model
+  shift 7
+  depth=$(python "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/caff_member_costs.py" --choose "$costs" --level "$level" \
+          --memory "$memory" --upload "$upload" --flops "$flops")
+  if [ "$depth" = none ]; then
+    echo "$name: no member's $level level fits memory $memory, upload $upload, FLOPs $flops; not run" | tee -a "$out/not_run.txt"
+    return
+  fi
+  model=gpt_l$depth
+  [ "$depth" = 12 ] && model=gpt
+  run_method "$name" "$config" "$@" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+}
+
 write_report() {
   hfl report "${runs[@]}" --out "$out/report"
 }

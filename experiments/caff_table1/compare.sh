@@ -29,10 +29,8 @@ for arg in "${overrides[@]}"; do
   esac
 done
 baselines=(hetlora fedhm fedrolex)
-costs_tool="$here/../../benchmarks/caff_member_costs.py"
-mkdir -p "$out/costs"
 for method in "${baselines[@]}"; do
-  [ -f "$out/costs/$method.json" ] || python "$costs_tool" "$here/$method.yaml" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
+  member_costs "$method" "$here/$method.yaml" "${common[@]}"
 done
 declare -A amounts=([memory]="60MiB 80MiB 110MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="200e9 400e9 800e9")
 free=1e15
@@ -45,14 +43,8 @@ for kind in "${kinds[@]}"; do
     budget=("budgets.memory=[$memory]" "budgets.upload=[$upload]" "budgets.flops=[$flops]")
     run_method "$kind$level-caff" "$here/caff.yaml" "${common[@]}" "${budget[@]}"
     for method in "${baselines[@]}"; do
-      depth=$(python "$costs_tool" --choose "$out/costs/$method.json" --memory "$memory" --upload "$upload" --flops "$flops")
-      if [ "$depth" = none ]; then
-        echo "$kind$level-$method: no member's smallest level fits $kind=$value; not run" | tee -a "$out/not_run.txt"
-        continue
-      fi
-      model=gpt_l$depth
-      [ "$depth" = 12 ] && model=gpt
-      run_method "$kind$level-$method" "$here/$method.yaml" "${common[@]}" "${budget[@]}" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+      run_on_member "$kind$level-$method" "$here/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
+        "${common[@]}" "${budget[@]}"
     done
   done
 done

@@ -22,13 +22,11 @@ for arg in "${overrides[@]}"; do
     *) common+=("$arg") ;;
   esac
 done
-costs_tool="$here/../../benchmarks/caff_member_costs.py"
 declare -A config=([hetlora]="$table1/hetlora.yaml" [fedhm]="$table1/fedhm.yaml" [fedrolex]="$table1/fedrolex.yaml"
                    [heterofl]="$here/heterofl.yaml" [fjord]="$here/fjord.yaml" [depthfl]="$here/depthfl.yaml")
 declare -A fits=([hetlora]=smallest [fedhm]=smallest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
-mkdir -p "$out/costs"
 for method in "${!config[@]}"; do
-  [ -f "$out/costs/$method.json" ] || python "$costs_tool" "${config[$method]}" "${common[@]}" --json "$out/costs/$method.json" | tee "$out/costs/$method.txt"
+  member_costs "$method" "${config[$method]}" "${common[@]}"
 done
 declare -A lows=([memory]=60MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=110MiB [upload]=2MiB [flops]=800e9)
 free=1e15
@@ -39,16 +37,9 @@ for kind in "${kinds[@]}"; do
   budget=("budgets.memory=[${lo[memory]},${hi[memory]}]" "budgets.upload=[${lo[upload]},${hi[upload]}]" "budgets.flops=[${lo[flops]},${hi[flops]}]")
   run_method "$kind-caff" "$table1/caff.yaml" "${common[@]}" "${budget[@]}"
   for method in hetlora fedhm fedrolex heterofl fjord depthfl; do
-    if [ "${fits[$method]}" = smallest ]; then side=(--memory "${lo[memory]}" --upload "${lo[upload]}" --flops "${lo[flops]}")
-    else side=(--memory "${hi[memory]}" --upload "${hi[upload]}" --flops "${hi[flops]}"); fi
-    depth=$(python "$costs_tool" --choose "$out/costs/$method.json" --level "${fits[$method]}" "${side[@]}")
-    if [ "$depth" = none ]; then
-      echo "$kind-$method: no member fits; not run" | tee -a "$out/not_run.txt"
-      continue
-    fi
-    model=gpt_l$depth
-    [ "$depth" = 12 ] && model=gpt
-    run_method "$kind-$method" "${config[$method]}" "${common[@]}" "${budget[@]}" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+    if [ "${fits[$method]}" = smallest ]; then side=("${lo[memory]}" "${lo[upload]}" "${lo[flops]}")
+    else side=("${hi[memory]}" "${hi[upload]}" "${hi[flops]}"); fi
+    run_on_member "$kind-$method" "${config[$method]}" "$out/costs/$method.json" "${fits[$method]}" "${side[@]}" "${common[@]}" "${budget[@]}"
   done
 done
 write_report

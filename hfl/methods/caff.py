@@ -28,14 +28,8 @@ from typing import Any
 from torch import Tensor
 
 from hfl.errors import ConfigError, check
-from hfl.methods.base import (
-    Method,
-    MethodConfig,
-    MethodState,
-    Resources,
-    embedding_keys,
-    require_transformer,
-)
+from hfl.methods.base import Method, MethodConfig, MethodState, Resources
+from hfl.methods.transformer import embedding_keys, require_transformer
 from hfl.registry import METHODS
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level

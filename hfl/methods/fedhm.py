@@ -38,11 +38,8 @@ from torch import Tensor, nn
 
 from hfl.accounting.cost import tensor_bytes
 from hfl.errors import check
-from hfl.methods.base import (
-    LadderConfig,
-    Method,
-    MethodState,
-    Resources,
+from hfl.methods.base import LadderConfig, Method, MethodState, Resources
+from hfl.methods.transformer import (
     block_linears,
     embedding_keys,
     level_costs,

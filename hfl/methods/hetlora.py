@@ -38,10 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import check
-from hfl.methods.base import (
-    LadderConfig,
-    Method,
-    Resources,
+from hfl.methods.base import LadderConfig, Method, Resources
+from hfl.methods.transformer import (
     block_linears,
     embedding_keys,
     level_costs,

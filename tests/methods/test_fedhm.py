@@ -19,8 +19,9 @@ from hfl.backends.base import ClientEnvironment
 from hfl.config import build_dataclass
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
-from hfl.methods.base import Resources, block_linears
+from hfl.methods.base import Resources
 from hfl.methods.fedhm import FactorisedLinear, FedHM, FedHMConfig
+from hfl.methods.transformer import block_linears
 from hfl.models.gpt import GPT
 from hfl.models.vit import ViT
 from hfl.server import initial_state, train_settings
