@@ -7,6 +7,10 @@ HeteroFL, FjORD and DepthFL the deepest model one client can train whole.
 
     python benchmarks/caff_member_costs.py experiments/caff_table1/hetlora.yaml --json COSTS.json [overrides]
     python benchmarks/caff_member_costs.py --choose COSTS.json --memory 55MiB --upload 1GB --flops 1e15
+
+The config names one member (`model.name`, `model.pretrained=FAMILY:l`); the others are the same
+family's registered models (`hfl.models.family.MEMBER_MODELS`). `--choose` prints the overrides
+that run the chosen member (`model.name=... model.pretrained=FAMILY:l`), or `none`.
 """
 
 from __future__ import annotations
@@ -19,13 +23,22 @@ from hfl.accounting.amounts import absolute_amount
 from hfl.backends.base import ClientEnvironment
 from hfl.budget import round_one
 from hfl.config import load_config
+from hfl.models.family import family_members
 
 
-def member_costs(config_path: str, depth: int, overrides: list[str]) -> tuple[list[dict], int, int]:
-    """Every ladder level's costs for the config run on family member `depth` (`model.name=gpt_l<l>`)."""
-    name = "gpt" if depth == 12 else f"gpt_l{depth}"
-    family = "lm_cpu"
-    extra = [f"model.name={name}", f"model.pretrained={family}:{depth}", "budgets.scenario=none", "budgets.memory=[]"]
+def member_overrides(config_path: str, overrides: list[str]) -> dict[str, list[str]]:
+    """The overrides that run each member of the config's family, by depth."""
+    model = load_config(config_path, overrides).model
+    family = model.pretrained.rpartition(":")[0]
+    members = family_members(model.name)
+    if not family or not members:
+        raise SystemExit(f"{config_path}: model.name={model.name} model.pretrained={model.pretrained!r} names no pretrained family member")
+    return {depth: [f"model.name={name}", f"model.pretrained={family}:{depth}"] for depth, name in members.items()}
+
+
+def member_costs(config_path: str, member: list[str], depth: int, overrides: list[str]) -> tuple[list[dict], int, int]:
+    """Every ladder level's costs for the config run on the family member of depth `depth` (`member`: its overrides)."""
+    extra = [*member, "budgets.scenario=none", "budgets.memory=[]"]
     config = load_config(config_path, [*extra, *overrides])
     env = ClientEnvironment.from_config(config)
     method, ctx = env.method, round_one(config, env, 0)
@@ -54,7 +67,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--depths", default="3,6,9,12")
     parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--choose", metavar="COSTS", help="print the deepest member fitting --memory, --upload and --flops ('none' if none)")
+    parser.add_argument("--choose", metavar="COSTS", help="print the overrides of the deepest member fitting --memory, --upload and --flops ('none' if none)")
     parser.add_argument("--memory", default="1e15")
     parser.add_argument("--upload", default="1e15")
     parser.add_argument("--flops", default="1e18")
@@ -62,12 +75,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.choose:
         with open(args.choose) as f:
-            depth = deepest_fitting(json.load(f), absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
-        print("none" if depth is None else depth)
+            costs = json.load(f)
+            depth = deepest_fitting(costs, absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
+            print("none" if depth is None else " ".join(costs["members"][str(depth)]))
         return 0
+    members = member_overrides(args.config, args.overrides)
     rows, smallest, largest, samples, epochs = [], {}, {}, 0, 1
     for d in args.depths.split(","):
-        member, samples, epochs = member_costs(args.config, int(d), args.overrides)
+        member, samples, epochs = member_costs(args.config, members[int(d)], int(d), args.overrides)
         rows += member
         smallest[d], largest[d] = member[0]["level"], member[-1]["level"]
     print(f"{'l':>3} {'level':>8} {'peak MiB':>10} {'MFLOPs/sample':>14} {'upload MiB':>11}")
@@ -75,7 +90,8 @@ def main() -> int:
         print(f"{r['depth']:>3} {r['level']:>8} {r['peak_bytes'] / 2**20:>10.2f} {r['train_flops_per_sample'] / 1e6:>14.1f} {r['upload_bytes'] / 2**20:>11.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "smallest": smallest, "largest": largest, "max_samples": samples, "local_epochs": epochs}, f, indent=1)
+            json.dump({"rows": rows, "smallest": smallest, "largest": largest, "max_samples": samples, "local_epochs": epochs,
+                       "members": {str(d): members[int(d)] for d in smallest}}, f, indent=1)
     return 0
 
 

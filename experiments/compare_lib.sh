@@ -34,17 +34,16 @@ member_costs() {
 # when no member fits.
 #   run_on_member NAME CONFIG COSTS LEVEL MEMORY UPLOAD FLOPS [overrides...]
 run_on_member() {
-  local name=$1 config=$2 costs=$3 level=$4 memory=$5 upload=$6 flops=$7 depth model
+  local name=$1 config=$2 costs=$3 level=$4 memory=$5 upload=$6 flops=$7 member
   shift 7
-  depth=$(python "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/caff_member_costs.py" --choose "$costs" --level "$level" \
-          --memory "$memory" --upload "$upload" --flops "$flops")
-  if [ "$depth" = none ]; then
+  member=$(python "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/caff_member_costs.py" --choose "$costs" --level "$level" \
+           --memory "$memory" --upload "$upload" --flops "$flops")
+  if [ "$member" = none ]; then
     echo "$name: no member's $level level fits memory $memory, upload $upload, FLOPs $flops; not run" | tee -a "$out/not_run.txt"
     return
   fi
-  model=gpt_l$depth
-  [ "$depth" = 12 ] && model=gpt
-  run_method "$name" "$config" "$@" "model.name=$model" "model.pretrained=lm_cpu:$depth"
+  read -ra member <<< "$member"  # model.name=... model.pretrained=FAMILY:l
+  run_method "$name" "$config" "$@" "${member[@]}"
 }
 
 write_report() {

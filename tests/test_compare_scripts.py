@@ -73,11 +73,14 @@ def test_fedmef_comparison_gives_the_sparsity_to_the_pruning_methods_only(tmp_pa
     assert all("fl.rounds=1" in c for c in calls[:-1])
 
 
-def member_costs(out, methods):
+def member_costs(out, methods, family=("lm_cpu", "gpt_l3", "gpt")):
     """Cost tables as `benchmarks/caff_member_costs.py` writes them (the scripts keep existing ones):
     every method's smallest level costs 50 MiB on l = 3 and 200 MiB on l = 12 (FedRolex's and HeteroFL's
-    20 and 30), its largest 100 and 400 MiB."""
+    20 and 30), its largest 100 and 400 MiB; `family`: its name and the models of l = 3 and 12."""
     import json
+
+    name, *models = family
+    members = {str(d): [f"model.name={m}", f"model.pretrained={name}:{d}"] for d, m in zip((3, 12), models)}
 
     folder = out / "costs"
     folder.mkdir(parents=True)
@@ -86,7 +89,7 @@ def member_costs(out, methods):
         rows = [{"depth": d, "level": level, "peak_bytes": mib * 2**20, "train_flops_per_sample": 1, "upload_bytes": 1}
                 for d, low, high in zip((3, 12), small, (100, 400)) for level, mib in (("small", low), ("large", high))]
         (folder / f"{method}.json").write_text(json.dumps({"rows": rows, "smallest": {"3": "small", "12": "small"}, "largest": {"3": "large", "12": "large"},
-                                                           "max_samples": 10, "local_epochs": 1}))
+                                                           "max_samples": 10, "local_epochs": 1, "members": members}))
 
 
 def test_caff_table1_gives_each_baseline_the_deepest_member_its_smallest_level_fits(tmp_path):
@@ -111,3 +114,27 @@ def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole
     # l = 3 whole but not l = 12, although the low ones could train a slice of l = 12.
     assert "model.name=gpt_l3" in by_out["memory-hetlora"] and "model.name=gpt_l3" in by_out["memory-heterofl"]
     assert "model.name=gpt" in by_out["memory-fedrolex"]
+
+
+def test_caff_table1_on_cifar10_runs_the_vit_configs_at_the_vit_familys_amounts(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"), ("vit_cpu", "vit_caff_l3", "vit_caff_l12"))
+    calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "task=cifar10", "kinds=memory", "levels=3")
+    by_out = {Path(c[-1]).name: c for c in calls[:-1]}
+    assert sorted(by_out) == sorted(f"memory3-{m}" for m in ("caff", "hetlora", "fedhm", "fedrolex"))
+    assert all(Path(c[1]).parent.name == "cifar10" and "budgets.memory=[215MiB]" in c and "task=cifar10" not in c for c in by_out.values())
+    assert "model.name=vit_caff_l12" in by_out["memory3-hetlora"] and "model.pretrained=vit_cpu:12" in by_out["memory3-fedrolex"]
+
+
+def test_caff_table2_on_cifar10_runs_the_vit_configs(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"), ("vit_cpu", "vit_caff_l3", "vit_caff_l12"))
+    calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "task=cifar10", "kinds=memory")
+    by_out = {Path(c[-1]).name: c for c in calls[:-1]}
+    assert len(by_out) == 7 and all(Path(c[1]).parent.name == "cifar10" for c in by_out.values())
+    assert "model.pretrained=vit_cpu:3" in by_out["memory-heterofl"]
+
+
+@pytest.mark.parametrize("table", ["caff_table1", "caff_table2"])
+def test_caff_grids_refuse_an_unknown_task(table, tmp_path):
+    result = subprocess.run(["bash", str(ROOT / "experiments" / table / "compare.sh"), str(tmp_path / "out"), "task=cifar100"],
+                            check=False, capture_output=True, text=True)
+    assert result.returncode == 2 and "task=cifar100" in result.stderr and "shakespeare, cifar10" in result.stderr

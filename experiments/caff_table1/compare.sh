@@ -11,18 +11,29 @@
 #   upload  0.5 / 1 / 2 MiB    ~ CAFF's t = 1 / 2 / 4 (a block is 0.43 MiB)
 #   FLOPs   200 / 400 / 800 GFLOPs per client-round (all local epochs: the client with the most
 #           samples, 691 windows x 2 epochs at seed 0, decides which members are feasible)
+# `task=cifar10` runs the grid on CIFAR-10 classes 5-9 with the vit_cpu family instead (`hfl pretrain
+# experiments/pretrain/vit_cpu.yaml`; configs in cifar10/), against that family's costs (a ViT block
+# trains in 30 MiB at batch 32 and uploads 1.7 MiB; CAFF's t = 3 / 4 / 6 of l = 12 and t = 1 / 2 / 4):
+#   memory  125 / 155 / 215 MiB    upload  2 / 3.5 / 7 MiB
+#   FLOPs   150 / 250 / 400 GFLOPs per client-round (every client holds 250 images, one pass per round;
+#           F_3^3 costs 135, F_12^1 209, F_12^12 538)
 # Overrides go to every run; `kinds=memory,upload` runs only those constraint kinds (two shells can
 # split the grid), `levels=1,3` only those levels.
 #   experiments/caff_table1/compare.sh runs/caff1 fl.rounds=20
+#   experiments/caff_table1/compare.sh runs/caff1_cifar10 task=cifar10 fl.rounds=20
 set -euo pipefail
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
 parse_comparison "$@"
 kinds=(memory upload flops)
 levels=(1 2 3)
+configs=$here
 common=()
 for arg in "${overrides[@]}"; do
   case $arg in
+    task=shakespeare) ;;
+    task=cifar10) configs=$here/cifar10 ;;
+    task=*) echo "compare.sh: task=${arg#task=} is not one of shakespeare, cifar10" >&2; exit 2 ;;
     kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
     levels=*) IFS=, read -ra levels <<< "${arg#levels=}" ;;
     *) common+=("$arg") ;;
@@ -30,9 +41,10 @@ for arg in "${overrides[@]}"; do
 done
 baselines=(hetlora fedhm fedrolex)
 for method in "${baselines[@]}"; do
-  member_costs "$method" "$here/$method.yaml" "${common[@]}"
+  member_costs "$method" "$configs/$method.yaml" "${common[@]}"
 done
 declare -A amounts=([memory]="60MiB 80MiB 110MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="200e9 400e9 800e9")
+[ "$configs" = "$here" ] || amounts=([memory]="125MiB 155MiB 215MiB" [upload]="2MiB 3.5MiB 7MiB" [flops]="150e9 250e9 400e9")
 free=1e15
 for kind in "${kinds[@]}"; do
   read -ra values <<< "${amounts[$kind]}"
@@ -41,9 +53,9 @@ for kind in "${kinds[@]}"; do
     memory=$free upload=$free flops=$free
     declare "$kind=$value"
     budget=("budgets.memory=[$memory]" "budgets.upload=[$upload]" "budgets.flops=[$flops]")
-    run_method "$kind$level-caff" "$here/caff.yaml" "${common[@]}" "${budget[@]}"
+    run_method "$kind$level-caff" "$configs/caff.yaml" "${common[@]}" "${budget[@]}"
     for method in "${baselines[@]}"; do
-      run_on_member "$kind$level-$method" "$here/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
+      run_on_member "$kind$level-$method" "$configs/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
         "${common[@]}" "${budget[@]}"
     done
   done

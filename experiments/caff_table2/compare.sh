@@ -7,28 +7,37 @@
 # both by `benchmarks/caff_member_costs.py` (tables in OUT/costs). Settings, against our family's
 # measured costs as in experiments/caff_table1/compare.sh:
 #   memory [60, 110] MiB    upload [0.5, 2] MiB    FLOPs [200, 800] GFLOPs per client-round
+# `task=cifar10` runs it on CIFAR-10 classes 5-9 with the vit_cpu family (configs in cifar10/ and
+# ../caff_table1/cifar10/), at the ViT amounts of experiments/caff_table1/compare.sh:
+#   memory [125, 215] MiB    upload [2, 7] MiB    FLOPs [150, 400] GFLOPs per client-round
 # Overrides go to every run; `kinds=memory` runs only those constraint kinds.
 #   experiments/caff_table2/compare.sh runs/caff2 fl.rounds=20
+#   experiments/caff_table2/compare.sh runs/caff2_cifar10 task=cifar10 fl.rounds=20
 set -euo pipefail
 here=$(dirname "$0")
 table1="$here/../caff_table1"
 source "$here/../compare_lib.sh"
 parse_comparison "$@"
 kinds=(memory upload flops)
+configs=$here
 common=()
 for arg in "${overrides[@]}"; do
   case $arg in
+    task=shakespeare) ;;
+    task=cifar10) configs=$here/cifar10 table1=$table1/cifar10 ;;
+    task=*) echo "compare.sh: task=${arg#task=} is not one of shakespeare, cifar10" >&2; exit 2 ;;
     kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
     *) common+=("$arg") ;;
   esac
 done
 declare -A config=([hetlora]="$table1/hetlora.yaml" [fedhm]="$table1/fedhm.yaml" [fedrolex]="$table1/fedrolex.yaml"
-                   [heterofl]="$here/heterofl.yaml" [fjord]="$here/fjord.yaml" [depthfl]="$here/depthfl.yaml")
+                   [heterofl]="$configs/heterofl.yaml" [fjord]="$configs/fjord.yaml" [depthfl]="$configs/depthfl.yaml")
 declare -A fits=([hetlora]=smallest [fedhm]=smallest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
 for method in "${!config[@]}"; do
   member_costs "$method" "${config[$method]}" "${common[@]}"
 done
 declare -A lows=([memory]=60MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=110MiB [upload]=2MiB [flops]=800e9)
+[ "$configs" = "$here" ] || lows=([memory]=125MiB [upload]=2MiB [flops]=150e9) highs=([memory]=215MiB [upload]=7MiB [flops]=400e9)
 free=1e15
 for kind in "${kinds[@]}"; do
   declare -A lo=([memory]=$free [upload]=$free [flops]=$free) hi=([memory]=$free [upload]=$free [flops]=$free)

@@ -137,10 +137,16 @@ def ordered_dropout(model: ScalableModel, width: float, norm: str | None, layers
     the batch-norm copy `norm` (None: no copies); the model's own width needs no masks."""
     norms = [layer for layer, _ in layers if isinstance(layer, NormCopies)]
     previous = [n.active for n in norms]
+    # An attention whose score scale follows its head dimension (the ViT's) scales as the narrow one does.
+    group_of = {id(layer): group for layer, group in layers}
+    attentions = [m for m in model.modules() if hasattr(m, "scale_at") and id(m.q) in group_of]
+    scales = [m.scale for m in attentions]
     hooks = []
     try:
         for copies in norms:
             copies.active = norm
+        for attention in attentions:
+            attention.scale = attention.scale_at(group_of[id(attention.q)].kept(width))
         for layer, group in layers:
             keep = group.kept(width)
             if keep > group.size:
@@ -149,7 +155,7 @@ def ordered_dropout(model: ScalableModel, width: float, norm: str | None, layers
                 if isinstance(layer, nn.LayerNorm):
                     hook = _narrow_layer_norm(keep)
                 else:
-                    hook = _zero_beyond(keep, -1 if isinstance(layer, FEATURES_LAST) else 1)
+                    hook = _zero_beyond(keep, getattr(layer, "channel_dim", -1 if isinstance(layer, FEATURES_LAST) else 1))
                 hooks.append(layer.register_forward_hook(hook))
         yield
     finally:
@@ -157,6 +163,8 @@ def ordered_dropout(model: ScalableModel, width: float, norm: str | None, layers
             hook.remove()
         for copies, active in zip(norms, previous):
             copies.active = active
+        for attention, scale in zip(attentions, scales):
+            attention.scale = scale
 
 
 @METHODS.register("fjord")

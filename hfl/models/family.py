@@ -66,6 +66,12 @@ def member_model_name(shape: dict[str, Any]) -> str | None:
     return MEMBER_MODELS.get((shape.get("model"), shape.get("dim"), shape.get("heads"), size), {}).get(shape.get("depth"))
 
 
+def family_members(model_name: str) -> dict[int, str]:
+    """The registered models of every depth in the family `model_name` belongs to, by depth; empty
+    when it belongs to none."""
+    return next((dict(members) for members in MEMBER_MODELS.values() if model_name in members.values()), {})
+
+
 def format_duration(seconds: float) -> str:
     """A rough duration: minutes, hours or days."""
     if seconds < 3600:

@@ -38,6 +38,9 @@ BATCH_NORMS = ("bn", "static_bn")
 class PositionEmbedding(nn.Module):
     """A learned embedding per patch position, stored as (dim, grid, grid) so dim 0 is the channel."""
 
+    channel_dim = 0
+    """The dimension of its output that indexes channels: unlike a layer's, the output has no batch."""
+
     def __init__(self, dim: int, grid: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(nn.init.trunc_normal_(torch.empty(dim, grid, grid), std=0.02))
@@ -81,7 +84,12 @@ class Attention(nn.Module):
         self.k = model.couple(nn.Linear(dim, inner), gembed, gattn)
         self.v = model.couple(nn.Linear(dim, inner), gembed, gattn)
         self.proj = model.couple(nn.Linear(inner, dim), gattn, gembed)
-        self.scale = (inner / heads) ** -0.5
+        self.scale = self.scale_at(inner)
+
+    def scale_at(self, channels: int) -> float:
+        """The score scale of this attention with `channels` q and k channels: a masked wider
+        attention (FjORD's ordered dropout) computes the narrow one's scores with it."""
+        return (channels / self.heads) ** -0.5
 
     def _split(self, t: Tensor) -> Tensor:
         """(batch, tokens, channels) -> (batch, heads, tokens, head dim)."""

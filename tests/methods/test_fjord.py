@@ -62,21 +62,30 @@ def test_masked_forward_is_the_narrow_network(name, p_max, p):
         torch.testing.assert_close(wide.eval()(x), client_model(method, state, p_max, name).eval()(x))
 
 
+TRANSFORMER_INPUTS = {
+    "gpt": lambda gen: torch.randint(0, 81, (3, 10), generator=gen),
+    "vit": lambda gen: torch.randn(3, 3, 32, 32, generator=gen),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMER_INPUTS))
 @pytest.mark.parametrize(("p_max", "p"), [(1.0, SIXTH), (1.0, 0.5), (UNIFORM_6[4], UNIFORM_6[1])])
-def test_masked_forward_is_the_narrow_gpt(p_max, p):
-    """Inside the GPT's blocks channels run last, and a LayerNorm's statistics span every channel:
-    the masked forward must give the narrow GPT's outputs all the same."""
-    method = method_for({"name": "fjord"}, "gpt", num_classes=81)
+def test_masked_forward_is_the_narrow_transformer(name, p_max, p):
+    """Inside a transformer's blocks channels run last, a LayerNorm's statistics span every channel,
+    and a ViT's position embedding has no batch dimension: the masked forward must give the narrow
+    model's outputs all the same."""
+    in_channels, classes = (1, 81) if name == "gpt" else (3, 10)
+    method = method_for({"name": "fjord"}, name, in_channels=in_channels, num_classes=classes, input_size=32)
     gen = torch.Generator().manual_seed(0)
     state = {k: torch.randn(v.shape, generator=gen) for k, v in method.model.state_dict().items()}
 
-    def gpt(width):
-        model = method.adapt_model(build_model("gpt", 1, 81, width=width)).eval()
+    def transformer(width):
+        model = method.adapt_model(build_model(name, in_channels, classes, width=width)).eval()
         model.load_state_dict(extract(state, method.spec_for(width)), strict=True)
         return model
 
-    wide, narrow = gpt(p_max), gpt(p)
-    x = torch.randint(0, 81, (3, 10), generator=gen)
+    wide, narrow = transformer(p_max), transformer(p)
+    x = TRANSFORMER_INPUTS[name](gen)
     with torch.no_grad(), method.at_width(wide, p):
         masked = wide(x)
     torch.testing.assert_close(masked, narrow(x).detach(), rtol=1e-4, atol=1e-4)
