@@ -26,13 +26,13 @@ from hfl.config import load_config
 from hfl.models.family import family_members
 
 
-def member_overrides(config_path: str, overrides: list[str]) -> dict[str, list[str]]:
-    """The overrides that run each member of the config's family, by depth."""
-    model = load_config(config_path, overrides).model
-    family = model.pretrained.rpartition(":")[0]
-    members = family_members(model.name)
+def member_overrides(model_name: str, pretrained: str) -> dict[int, list[str]]:
+    """The overrides that run each member of the family `model.name=model_name
+    model.pretrained=pretrained` belongs to, by depth."""
+    family = pretrained.rpartition(":")[0]
+    members = family_members(model_name)
     if not family or not members:
-        raise SystemExit(f"{config_path}: model.name={model.name} model.pretrained={model.pretrained!r} names no pretrained family member")
+        raise SystemExit(f"model.name={model_name} model.pretrained={pretrained!r} names no pretrained family member")
     return {depth: [f"model.name={name}", f"model.pretrained={family}:{depth}"] for depth, name in members.items()}
 
 
@@ -79,7 +79,8 @@ def main() -> int:
             depth = deepest_fitting(costs, absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
             print("none" if depth is None else " ".join(costs["members"][str(depth)]))
         return 0
-    members = member_overrides(args.config, args.overrides)
+    model = load_config(args.config, args.overrides).model
+    members = member_overrides(model.name, model.pretrained)
     rows, smallest, largest, samples, epochs = [], {}, {}, 0, 1
     for d in args.depths.split(","):
         member, samples, epochs = member_costs(args.config, members[int(d)], int(d), args.overrides)

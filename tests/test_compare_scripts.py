@@ -138,3 +138,19 @@ def test_caff_grids_refuse_an_unknown_task(table, tmp_path):
     result = subprocess.run(["bash", str(ROOT / "experiments" / table / "compare.sh"), str(tmp_path / "out"), "task=cifar100"],
                             check=False, capture_output=True, text=True)
     assert result.returncode == 2 and "task=cifar100" in result.stderr and "shakespeare, cifar10" in result.stderr
+
+
+@pytest.mark.parametrize(("model", "family", "deepest"), [("gpt_l3", "lm_cpu", "gpt"), ("vit_caff_l6", "vit_cpu", "vit_caff_l12")])
+def test_member_costs_run_every_member_of_the_configs_family(model, family, deepest):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("caff_member_costs", ROOT / "benchmarks" / "caff_member_costs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    members = module.member_overrides(model, f"{family}:3")
+    assert sorted(members) == [3, 6, 9, 12]
+    assert members[12] == [f"model.name={deepest}", f"model.pretrained={family}:12"]
+    assert members[6][1] == f"model.pretrained={family}:6"
+    for name, pretrained in (("cnn", f"{family}:3"), (model, "")):
+        with pytest.raises(SystemExit, match="names no pretrained family member"):
+            module.member_overrides(name, pretrained)
