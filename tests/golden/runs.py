@@ -34,6 +34,8 @@ REDUCED_TEXT = ["data.seq_len=8", "data.stride=8", "model.name=gpt", "model.dept
                 "fl.clients=6", "fl.fraction=0.5", "fl.rounds=2", "fl.batch_size=16", "fl.local_epochs=1"]
 """The reduced form of a text experiment: the Shakespeare fixture corpus (`tests.conftest`, written
 for the run), a 2-block half-width GPT from random weights (CI has no pretrained family)."""
+REDUCED_VIT = ["data.name=digits", "model.name=vit", "model.pretrained=''", *REDUCED[2:]]
+"""The reduced form of a ViT-family experiment (CAFF's CIFAR task): digits, the 6-block `vit` from random weights."""
 METHODS = ("decoupled", "depthfl", "fedavg", "feddf", "feddst", "fedepth", "fedmef", "fedprox", "fedtiny", "flpqsu", "fedrolex", "fjord",
            "heterofl", "mfedepth", "nefl", "scalefl", "splitmix")
 TIMINGS = ("wall_seconds", "seconds")
@@ -54,6 +56,12 @@ def is_text_experiment(path: Path) -> bool:
     return (yaml.safe_load(path.read_text()).get("data") or {}).get("name") == "shakespeare"
 
 
+def is_vit_family_experiment(path: Path) -> bool:
+    import yaml
+
+    return str((yaml.safe_load(path.read_text()).get("model") or {}).get("name", "")).startswith("vit_caff")
+
+
 def runs() -> dict[str, tuple[Path, list[str]]]:
     """Run name -> (experiment file, overrides)."""
     found: dict[str, tuple[Path, list[str]]] = {}
@@ -63,6 +71,10 @@ def runs() -> dict[str, tuple[Path, list[str]]]:
         if is_text_experiment(path):
             extra = ["method.depths=[1,2]"] if path.stem == "caff" else []
             found[f"experiment__{name}"] = (path, REDUCED_TEXT + extra)
+            continue
+        if is_vit_family_experiment(path):
+            extra = ["method.depths=[1,2]"] if path.stem == "caff" else []
+            found[f"experiment__{name}"] = (path, REDUCED_VIT + extra)
             continue
         found[f"experiment__{name}"] = (path, REDUCED + extra)
     quickstart = ROOT / "experiments" / "quickstart.yaml"
