@@ -238,24 +238,77 @@ def test_the_cli_pretrains_and_prints_progress_and_a_table(family, tmp_path, cap
     assert "tiny:1" in captured.out and "val loss" in captured.out
 
 
-def test_a_vit_family_pretrains_on_cifar_classes_0_to_4_and_starts_a_10_class_model(tmp_path) -> None:
-    from hfl.models.family import load_family_weights
-    from hfl.models.vit import ViT
+@pytest.fixture(scope="module")
+def vit_family(tmp_path_factory):
+    """A 1-block ViT family pretrained on the fake CIFAR zip's classes 0-4: (data root, cache, card)."""
     from tests.pretrain_fixtures import write_cifar_zip
 
-    values = tiny_family(write_cifar_zip(tmp_path / "data"), tmp_path / "cache", family="tinyvit", model="vit", depths=[1],
+    base = tmp_path_factory.mktemp("vit_family")
+    values = tiny_family(write_cifar_zip(base / "data"), base / "cache", family="tinyvit", model="vit", depths=[1],
                          patch_size=8, corpus="cifar10_jpeg_0_4", budget=12, warmup_steps=1, eval_fraction=0.25)
     (card,) = pretrain(build_dataclass(PretrainConfig, values, ""))
+    return base / "data", base / "cache", card
+
+
+def test_a_vit_family_pretrains_on_cifar_classes_0_to_4_and_starts_a_10_class_model(vit_family) -> None:
+    from hfl.models.family import load_family_weights
+    from hfl.models.vit import ViT
+
+    _, cache, card = vit_family
 
     assert card["shape"] == {"model": "vit", "depth": 1, "dim": 16, "heads": 2, "patch_size": 8, "image_size": 32,
                              "in_channels": 3, "num_classes": 5}
     assert card["images_seen"] == 12 and card["tokens_seen"] == 12 * 16
     assert card["corpus"]["classes"] == [0, 1, 2, 3, 4] and card["corpus"]["val_images"] == 5
-    saved = load_file(weights_path(tmp_path / "cache", "tinyvit", 1))
+    saved = load_file(weights_path(cache, "tinyvit", 1))
     ten = ViT(3, 10, patch_size=8, dim=16, depth=1, heads=2)
-    report = load_family_weights(ten, "tinyvit:1", tmp_path / "cache", "vit")
+    report = load_family_weights(ten, "tinyvit:1", cache, "vit")
     assert {key for key, _ in report.skipped} == {"head.fc.weight", "head.fc.bias"}  # 5 pretrained classes, 10 now
     assert all(torch.equal(ten.state_dict()[k], saved[k]) for k in report.loaded) and len(report.loaded) == len(saved) - 2
+
+
+def test_a_task_on_other_classes_gets_a_new_classifier_and_one_on_the_same_classes_the_pretrained_one(vit_family) -> None:
+    """CAFF's downstream head is new (ImageNet -> CIFAR); a head pretrained on classes 0-4 would read
+    a dog as label 3, which in the 5-9 task is a ship."""
+    from hfl.backends.base import family_loader, task_labels
+    from hfl.data.datasets import load_dataset
+    from hfl.models.vit import ViT
+
+    root, cache, _ = vit_family
+    saved = load_file(weights_path(cache, "tinyvit", 1))
+
+    def start(classes: tuple[int, ...]) -> tuple[ViT, ViT]:
+        data = load_dataset("cifar10_jpeg", str(root), str(cache), classes=classes)
+        config = SimpleNamespace(model=ModelConfig(name="vit", pretrained="tinyvit:1"),
+                                 data=SimpleNamespace(name="cifar10_jpeg", classes=classes, cache_dir=str(cache)))
+        torch.manual_seed(0)
+        fresh = ViT(3, 5, patch_size=8, dim=16, depth=1, heads=2)
+        model = ViT(3, 5, patch_size=8, dim=16, depth=1, heads=2)
+        model.load_state_dict(fresh.state_dict())
+        family_loader(config, task_labels(config, data))(model, 1)  # as CAFF loads the member it picks
+        return model, fresh
+
+    other, fresh = start((5, 6, 7, 8, 9))
+    assert torch.equal(other.head.fc.weight, fresh.head.fc.weight) and torch.equal(other.head.fc.bias, fresh.head.fc.bias)
+    assert torch.equal(other.head.norm.weight, saved["head.norm.weight"])  # only the classifier is task-specific
+    assert torch.equal(other.body[0].mlp.fc1.weight, saved["body.0.mlp.fc1.weight"])
+
+    same, _ = start((0, 1, 2, 3, 4))
+    assert torch.equal(same.head.fc.weight, saved["head.fc.weight"]) and torch.equal(same.head.fc.bias, saved["head.fc.bias"])
+
+
+def test_the_load_says_why_a_classifier_kept_its_initialisation(vit_family) -> None:
+    from hfl.models.family import load_family_weights
+    from hfl.models.vit import ViT
+
+    _, cache, _ = vit_family
+    report = load_family_weights(ViT(3, 5, patch_size=8, dim=16, depth=1, heads=2), "tinyvit:1", cache, "vit",
+                                 ("cifar10_jpeg", (5, 6, 7, 8, 9)))
+
+    assert dict(report.skipped) == {
+        key: "pretrained to predict classes 0, 1, 2, 3, 4 of cifar10_jpeg, the task's are classes 5, 6, 7, 8, 9 of cifar10_jpeg"
+        for key in ("head.fc.weight", "head.fc.bias")
+    }
 
 
 PRETRAIN_CONFIGS = sorted((ROOT / "experiments" / "pretrain").glob("*.yaml"))
@@ -276,3 +329,19 @@ def test_every_pretraining_config_loads_at_caffs_shapes(path) -> None:
     assert config.betas == (0.9, 0.95) and config.weight_decay == 0.1
     if path.stem.endswith("_cpu"):  # "about an hour on a 2-core CPU", from the measured rates
         assert 50 * 60 <= estimate_cpu_seconds(config) <= 65 * 60
+
+
+def test_the_experiment_model_is_loaded_for_the_tasks_classes(vit_family, monkeypatch) -> None:
+    import hfl.models
+    from hfl.data.datasets import load_dataset
+
+    root, cache, _ = vit_family
+    seen = []
+    monkeypatch.setattr(hfl.models, "load_family_weights", lambda *args: seen.append(args[-1]))
+    data = load_dataset("cifar10_jpeg", str(root), str(cache), classes=(5, 6, 7, 8, 9))
+    config = SimpleNamespace(model=ModelConfig(name="vit_caff_l3", norm="bn", pretrained="vit_cpu:3"),
+                             data=SimpleNamespace(name="cifar10_jpeg", classes=(5, 6, 7, 8, 9), cache_dir=str(cache)))
+
+    build_model_for(config, data)
+
+    assert seen == [("cifar10_jpeg", (5, 6, 7, 8, 9))]

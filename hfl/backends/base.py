@@ -32,7 +32,7 @@ from hfl.data import (
 from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
-from hfl.models.family import load_family_weights
+from hfl.models.family import ClassLabels, load_family_weights
 from hfl.registry import METHODS
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
@@ -184,7 +184,7 @@ class ClientEnvironment:
             rounds=config.fl.rounds,
             local_epochs=config.fl.local_epochs,
             client_samples=tuple(len(p) for p in parts),
-            load_member=family_loader(config),
+            load_member=family_loader(config, task_labels(config, data)),
         )
         method = METHODS.get(config.method.name, field="method.name")(config.method, resources)
         return cls(
@@ -272,14 +272,21 @@ def model_norm(config: ExperimentConfig) -> str:
     return config.model.norm
 
 
-def family_loader(config: ExperimentConfig) -> Callable[[nn.Module, int], None] | None:
-    """Loads member l of the family `model.pretrained=FAMILY:l` names into a model of depth l; None
-    when the run starts from no family."""
+def family_loader(config: ExperimentConfig, labels: ClassLabels | None) -> Callable[[nn.Module, int], None] | None:
+    """Loads member l of the family `model.pretrained=FAMILY:l` names into a model of depth l for a
+    task predicting `labels`; None when the run starts from no family."""
     source = config.model.pretrained
     if not is_family_source(source) or source.endswith(".safetensors"):
         return None
     family = source.rsplit(":", 1)[0]
-    return lambda model, depth: load_family_weights(model, f"{family}:{depth}", config.data.cache_dir, config.model.name)
+    return lambda model, depth: load_family_weights(model, f"{family}:{depth}", config.data.cache_dir, config.model.name, labels)
+
+
+def task_labels(config: ExperimentConfig, data: ImageDataset | TokenDataset) -> ClassLabels | None:
+    """The classes an image task predicts, (dataset, class id of each label); None for other data."""
+    if not isinstance(data, ImageDataset):
+        return None
+    return config.data.name, tuple(config.data.classes) or tuple(range(data.num_classes))
 
 
 def build_model_for(
@@ -293,7 +300,8 @@ def build_model_for(
     pretrained = m.pretrained if width == 1 else ""
     # A pretrained family lives in the cache dir (`hfl pretrain` wrote it there); torchvision's weights are a path.
     cache_dir = config.data.cache_dir if is_family_source(pretrained) else None
-    model = build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained, cache_dir, m.depth)
+    model = build_model(m.name, data.in_channels, data.num_classes, width, norm or model_norm(config), pretrained, cache_dir, m.depth,
+                        task_labels(config, data))
     if model.input_kind != data.input_kind:
         readers = "gpt" if data.input_kind == "tokens" else "any model but gpt"
         raise ConfigError("model.name", m.name, f"a model that reads {data.input_kind}, as {data.name} holds ({readers})")

@@ -33,7 +33,9 @@ CORPUS_SEED = 0
 SST2_TRAIN = Path("sst2") / "SST-2" / "train.tsv"
 AG_NEWS_TEXTS = Path("ag_news") / "ag_news_csv" / "test.csv"
 TEXT_CORPORA = ("sst2_agnews",)
-IMAGE_CORPORA = ("cifar10_jpeg_0_4",)
+IMAGE_CORPUS_DATASETS = {"cifar10_jpeg_0_4": "cifar10_jpeg"}
+"""The dataset each image corpus takes its images and labels from."""
+IMAGE_CORPORA = tuple(IMAGE_CORPUS_DATASETS)
 PRETRAIN_CLASSES = (0, 1, 2, 3, 4)
 """CIFAR-10's classes the ViTs are pretrained on; the federated CIFAR task keeps the others."""
 _FIX_ROOT = "set data_root (or the environment variable HFL_DATA) to the folder that holds it"
@@ -142,7 +144,7 @@ def load_image_corpus(name: str, root: str | Path, cache_dir: str | Path, eval_f
 
     if name not in IMAGE_CORPORA:
         raise ValueError(f"unknown image corpus {name!r}: expected one of {', '.join(IMAGE_CORPORA)}")
-    data = load_dataset("cifar10_jpeg", str(root), str(cache_dir), classes=PRETRAIN_CLASSES)
+    data = load_dataset(IMAGE_CORPUS_DATASETS[name], str(root), str(cache_dir), classes=PRETRAIN_CLASSES)
     val = torch.zeros(len(data.train_y), dtype=torch.bool)
     for c in range(data.num_classes):
         index = torch.nonzero(data.train_y == c).flatten()

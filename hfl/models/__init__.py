@@ -9,7 +9,7 @@ from hfl.models.base import (
     ScalableModel,
     scaled_channels,
 )
-from hfl.models.family import FamilyLoad, is_family_source, load_family_weights
+from hfl.models.family import ClassLabels, FamilyLoad, is_family_source, load_family_weights
 from hfl.models.pretrained import PretrainedLoad, load_torchvision_resnet
 from hfl.registry import MODELS
 
@@ -23,13 +23,15 @@ def build_model(
     pretrained: str = "",
     cache_dir: str | None = None,
     depth: int = 0,
+    labels: ClassLabels | None = None,
 ) -> ScalableModel:
     """Build registered model `name` at width ratio `width`; `pretrained` names weights to start
     from: a member of a family `hfl pretrain` wrote (`family:l`, looked for in
     `<cache_dir>/pretrained/`, cache_dir defaulting to $HFL_CACHE) or a `.safetensors` file, else
     torchvision's ImageNet weights for resnet18/resnet34 (a file, or a folder holding it); `depth`,
     for a model built in several depths (gpt), its body blocks (0: its own). For a language model
-    (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored."""
+    (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored. `labels`, the task's
+    classes, decides whether a family member's classifier is loaded (`load_family_weights`)."""
     options = {"depth": depth} if depth else {}
     model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm, **options)
     if next(model.parameters()).is_meta:  # built for shapes only (no storage): nothing to load into
@@ -37,7 +39,7 @@ def build_model(
     if pretrained and is_family_source(pretrained):
         from hfl.data.datasets import default_cache_dir
 
-        load_family_weights(model, pretrained, cache_dir or default_cache_dir(), name)
+        load_family_weights(model, pretrained, cache_dir or default_cache_dir(), name, labels)
     elif pretrained:
         load_torchvision_resnet(model, name, pretrained)
     return model
@@ -46,6 +48,7 @@ def build_model(
 __all__ = [
     "Block",
     "ChannelGroup",
+    "ClassLabels",
     "ExitPoint",
     "FamilyLoad",
     "PretrainedLoad",

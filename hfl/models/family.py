@@ -6,7 +6,10 @@ A family (CAFF, Pfeiffer et al. 2024: the same transformer at l = 3, 6, 9 and 12
 seen, losses, seed, wall time, hfl version). `model.pretrained=<family>:<l>`, or a path to a
 `.safetensors` file, loads one into the configured model. Every tensor must have the model's shape,
 except a classifier's rows (a ViT pretrained on 5 classes starting a 10-class task): those keep the
-model's initialisation, and the load reports them.
+model's initialisation, and the load reports them. A classifier pretrained on other classes than the
+task's keeps its initialisation too, whatever its shape: CAFF finetunes an ImageNet-pretrained ViT
+on CIFAR, so the downstream head is new, and a head whose rows mean other classes (cat, where the
+task's label 3 is ship) starts each method below chance.
 """
 
 from __future__ import annotations
@@ -145,13 +148,36 @@ class FamilyLoad:
     card: dict[str, Any]
 
 
+ClassLabels = tuple[str, tuple[int, ...]]
+"""What a classifier's rows mean: (dataset, the dataset's class id of each row)."""
+
+
+def pretrained_labels(card: dict[str, Any]) -> ClassLabels | None:
+    """The classes a member's classifier was pretrained to predict, from its card: for an image
+    corpus; None for a language model, whose head predicts its tokenizer's ids."""
+    from hfl.data.corpora import IMAGE_CORPUS_DATASETS
+
+    corpus = card.get("corpus", {})
+    dataset = IMAGE_CORPUS_DATASETS.get(corpus.get("name"))
+    return (dataset, tuple(corpus["classes"])) if dataset and "classes" in corpus else None
+
+
+def describe_labels(labels: ClassLabels) -> str:
+    dataset, classes = labels
+    return f"classes {', '.join(map(str, classes))} of {dataset}"
+
+
 def _blocks(keys: Any) -> int:
     return len({k.split(".")[1] for k in keys if k.startswith("body.")})
 
 
-def load_family_weights(model: nn.Module, source: str, cache_dir: str | Path, model_name: str) -> FamilyLoad:
+def load_family_weights(
+    model: nn.Module, source: str, cache_dir: str | Path, model_name: str, labels: ClassLabels | None = None
+) -> FamilyLoad:
     """Load the pretrained transformer `source` (`family:l` or a `.safetensors` file) into `model`,
-    the full-width model `model_name`. Shapes must match, except a classifier's (kept, reported)."""
+    the full-width model `model_name` for a task predicting `labels` (None: not a classification
+    task). Shapes must match, except a classifier's; a classifier of another shape, or pretrained on
+    other classes than `labels`, keeps the model's initialisation (reported)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -161,6 +187,8 @@ def load_family_weights(model: nn.Module, source: str, cache_dir: str | Path, mo
     except (SafetensorError, OSError) as error:
         raise ConfigError(FIELD, source, f"a readable .safetensors file ({path}: {error})") from None
     card = read_card(path)
+    pretrained_on = pretrained_labels(card)
+    relabelled = labels is not None and pretrained_on is not None and pretrained_on != labels
     target = model.state_dict()
     classifier = set(model.classifier_keys()) if hasattr(model, "classifier_keys") else set()
     new: dict[str, torch.Tensor] = {}
@@ -173,7 +201,9 @@ def load_family_weights(model: nn.Module, source: str, cache_dir: str | Path, mo
         problems.append(f"tensors only in the model: {', '.join(missing[:3]) or '-'}; only in the file: {', '.join(extra[:3]) or '-'}")
     for key in sorted(set(target) & set(state)):
         have, want = tuple(state[key].shape), tuple(target[key].shape)
-        if have == want:
+        if key in classifier and relabelled:
+            skipped.append((key, f"pretrained to predict {describe_labels(pretrained_on)}, the task's are {describe_labels(labels)}"))
+        elif have == want:
             new[key] = state[key]
         elif key in classifier:
             skipped.append((key, f"the file's {key} has shape {have}, the model's {want}"))
