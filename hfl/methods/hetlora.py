@@ -41,6 +41,7 @@ from hfl.errors import check
 from hfl.methods.base import LadderConfig, Method, Resources
 from hfl.methods.transformer import (
     block_linears,
+    check_ranks,
     embedding_keys,
     level_costs,
     require_transformer,
@@ -64,9 +65,7 @@ class HetLoRAConfig(LadderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        ranks = self.ranks
-        valid = bool(ranks) and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks)
-        check(valid and len(set(ranks)) == len(ranks), "ranks", list(ranks), "distinct positive integers")
+        check_ranks(self.ranks)
         check(isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and self.alpha > 0, "alpha", self.alpha, "a positive number")
 
 

@@ -1,5 +1,6 @@
 """What the methods that finetune a pretrained transformer share (CAFF, HetLoRA, FedHM): the check
-that the model is one, its block linears, its embeddings, and `hfl budget`'s row per rank level."""
+that the model is one, its block linears, its embeddings, the check of a rank list, and `hfl budget`'s
+row per rank level."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check
 from hfl.methods.base import Method
 from hfl.models.base import ScalableModel
 from hfl.types import RoundContext
@@ -37,6 +38,13 @@ def embedding_keys(model: ScalableModel) -> frozenset[str]:
     """State keys of the model's embeddings, its `stem` (token and position embeddings, or the ViT's
     patch projection and positions), which CAFF keeps frozen for every method it compares."""
     return frozenset(f"stem.{key}" for key in model.stem.state_dict())
+
+
+def check_ranks(ranks: tuple[int, ...]) -> None:
+    """A ConfigError on the field `ranks` unless it is a non-empty list of distinct positive integers
+    (HetLoRA's adapter ranks, FedHM's factor ranks)."""
+    valid = bool(ranks) and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks)
+    check(valid and len(set(ranks)) == len(ranks), "ranks", list(ranks), "distinct positive integers")
 
 
 def level_costs(method: Method, ctx: RoundContext) -> list[dict[str, Any]]:
