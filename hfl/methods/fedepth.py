@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.amounts import ClientBudget
@@ -45,6 +44,7 @@ from hfl.losses import mutual_learning_loss
 from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
 from hfl.models.base import ScalableModel
 from hfl.models.exits import EXIT_KINDS, add_exits
+from hfl.models.shortcut import block_output_shapes, skip_to_head
 from hfl.registry import METHODS
 from hfl.submodel.scaling import Group, decompose
 from hfl.submodel.spec import freeze, full_spec
@@ -67,32 +67,6 @@ PAPER_LAYOUTS: dict[str, tuple[tuple[Group, ...], tuple[int, ...]]] = {
 scenario tier (`budgets.scenario` fair, lack, surplus): 6 / 3 / 2 / 1 groups for the 1/6, 1/3, 1/2
 and 1 tiers, and under `lack` the 1/8 tier skips blocks 1-3. `method.grouping=paper` uses them."""
 PAPER_BLOCKS = 9
-
-
-def skip_to_head(h: Tensor, head_shape: Sequence[int]) -> Tensor:
-    """He et al.'s parameter-free shortcut from a group's output to the head's input shape
-    (channels, height, width): strided subsampling, then zero channels appended. A sequence
-    (channels, positions: the GPT's tokens) keeps every position."""
-    channels, *extent = head_shape
-    if len(extent) == 2:
-        step_h, step_w = -(-h.shape[2] // extent[0]), -(-h.shape[3] // extent[1])
-        if step_h > 1 or step_w > 1:
-            h = h[:, :, ::step_h, ::step_w]
-    if h.shape[1] > channels:
-        raise ValueError(f"a group's output has {h.shape[1]} channels, more than the head's {channels}")
-    return F.pad(h, (0, 0) * len(extent) + (0, channels - h.shape[1])) if h.shape[1] < channels else h
-
-
-def block_output_shapes(model: ScalableModel, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> list[tuple[int, ...]]:
-    """(channels, height, width) (channels, sequence for tokens) after every body block, from a
-    forward pass on the meta device of inputs of `input_shape` and `dtype`."""
-    probe = copy.deepcopy(model).to("meta").eval()
-    h = probe.stem(torch.empty(1, *input_shape, dtype=dtype, device="meta"))
-    shapes = []
-    for block in probe.body:
-        h = block(h)
-        shapes.append(tuple(h.shape[1:]))
-    return shapes
 
 
 @dataclass(frozen=True)

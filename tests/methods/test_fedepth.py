@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from hfl.backends.base import ClientEnvironment
 from hfl.losses import mutual_learning_loss
-from hfl.methods.fedepth import skip_to_head
+from hfl.models.shortcut import skip_to_head
 from hfl.server import initial_state, run_experiment, train_settings
 from hfl.submodel.scaling import decompose
 from hfl.types import RoundContext
