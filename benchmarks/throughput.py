@@ -8,7 +8,7 @@ benchmarks/plain_fedavg.py, which imports no hfl.
     python benchmarks/throughput.py [--repeats 5] [--trainers fast,lightning] [--rounds 20] [--batch-clients N] [--device cpu|cuda]
 
 Every repeat runs the plain loop once and hfl once per driver (`backend.trainer`: `fast`, hfl's
-lean driver of the client LightningModule, and `lightning`, the same module under
+lean driver of the client module's Lightning hooks, and `lightning`, the same module under
 `lightning.Trainer`). One line per driver, `ratio_<driver>=<median hfl/plain wall time>`, then
 `ratio=` for the first driver; the target is <= 1.15 on the CPU, <= 1.10 on a GPU.
 """

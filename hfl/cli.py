@@ -146,19 +146,22 @@ def command_run(args: argparse.Namespace) -> int:
     from hfl.errors import ConfigError
     from hfl.loggers import read_metrics
     from hfl.server import run_experiment
+    from hfl.storage import check_job_location, staged
 
     config_path, overrides = args.config, list(args.overrides)
     if config_path is not None and "=" in config_path and not Path(config_path).exists():  # `hfl run --resume DIR k=v`
         config_path, overrides = None, [config_path, *overrides]
     if args.resume:
-        out = Path(args.resume)
-        config = resumed_config(out, config_path, overrides)
-        done = len(read_metrics(out))
+        out = args.resume
+        with staged(out, "--resume") as (folder, _):  # a URI's run is read from a copy
+            config = resumed_config(folder, config_path, overrides)
+            done = len(read_metrics(folder))
     else:
         if config_path is None:
             raise ConfigError("config", None, "an experiment YAML file, e.g. experiments/quickstart.yaml (or --resume DIR to continue a run)")
         config = load_config(config_path, overrides)
-        out = Path(args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        check_job_location(args.out, "--out")  # before the default below, which is relative
+        out = args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         done = 0
     print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
     summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])

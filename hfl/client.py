@@ -1,9 +1,14 @@
-"""Client-side training: one generic LightningModule that drives the method's objective.
+"""Client-side training: one generic module, `ClientModule`, that drives the method's objective
+through Lightning's hook names (configure_optimizers, training_step, on_train_batch_end).
 
 Two drivers run it with the same batches and the same optimiser, so they give the same weights:
-`fast` (the automatic-optimisation steps of Lightning, written out: zero_grad, training_step,
-backward, step) and `lightning` (a `lightning.Trainer`). The fast driver exists because a Trainer
-costs tens of milliseconds to set up per fit, more than a whole client-round of small models.
+`lightning` wraps it in a LightningModule that hands those hooks to it and fits that under a
+`lightning.Trainer`; `fast` calls the same hooks itself (the automatic-optimisation steps of
+Lightning, written out: zero_grad, training_step, backward, step) without importing Lightning.
+The fast driver exists because a Trainer costs tens of milliseconds to set up per fit, more than a
+whole client-round of small models; `ClientModule` is a plain `nn.Module`, and Lightning is
+imported only by the `lightning` driver, because the import costs a second or more and about
+250 MiB of private memory in every process that trains clients (each Ray actor).
 
 `train_clients_together` trains several clients of one sub-model shape as one vectorised model
 (`torch.func.vmap` over their stacked weights): the same steps on the same batches, one kernel
@@ -18,7 +23,6 @@ from dataclasses import replace
 from functools import cached_property
 from types import SimpleNamespace
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
@@ -73,8 +77,9 @@ def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.opt
     return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
 
 
-class ClientModule(L.LightningModule):
-    """Trains one client's sub-model with its method's objective."""
+class ClientModule(nn.Module):
+    """Trains one client's sub-model with its method's objective, through LightningModule's hooks
+    (run by `fit_fast`, or by a Trainer through `fit_lightning`'s adapter)."""
 
     def __init__(
         self,
@@ -169,6 +174,27 @@ def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
 
 
 def fit_lightning(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
+    """`module` under a `lightning.Trainer`. Lightning is imported here, not at the top, so that
+    processes on the fast driver never load it (see the module's docstring)."""
+    import lightning as L
+
+    class Adapter(L.LightningModule):
+        """The LightningModule a Trainer needs: it holds `module` (so moves and train/eval modes
+        reach it) and hands it the hooks `fit_fast` calls."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.client = module
+
+        def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+            return self.client.training_step(batch, batch_idx)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return self.client.configure_optimizers()
+
+        def on_train_batch_end(self, *args: object) -> None:
+            self.client.on_train_batch_end(*args)
+
     device = module.device_of_model()
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -180,7 +206,7 @@ def fit_lightning(module: ClientModule, batches: ClientBatches, epochs: int) -> 
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(module, train_dataloaders=batches)
+    trainer.fit(Adapter(), train_dataloaders=batches)
 
 
 DRIVERS = {"fast": fit_fast, "lightning": fit_lightning}

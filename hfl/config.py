@@ -256,22 +256,25 @@ class BackendConfig:
     device: str = "auto"
     """auto (CUDA when available), cpu or cuda."""
     trainer: str = "fast"
-    """Client loop: fast (hfl's lean driver of the client LightningModule) or lightning (lightning.Trainer; same results, slower)."""
+    """Client loop: fast (hfl's lean driver of the client module's Lightning hooks; never imports
+    Lightning) or lightning (the module as a LightningModule under lightning.Trainer; same results, slower)."""
     threads: int = 1
     """CPU threads per process for tensor ops. One suits simulated clients: on 2 cores a small CNN
     ran 4x slower with 2 threads (spin-waiting on tiny ops). Raise it for large models on CPU."""
     num_cpus_per_client: float = 1.0
-    """ray: CPUs each client actor reserves; the pool holds as many actors as the cluster's CPUs allow."""
+    """ray: CPUs each client actor reserves; a pool holds as many actors as the nodes that can host it allow."""
     actors_per_pool: int = 0
-    """ray: actors per pool (per budget tier on a tiered cluster); 0 sizes pools by CPUs."""
+    """ray: at most this many actors per pool (per budget tier on a tiered cluster); 0 sizes pools
+    by what the nodes advertising the tier (their CPUs, GPUs and tier units) can host."""
     num_gpus_per_client: float = 0.0
     """ray, on GPUs: the share of a GPU each client actor reserves, so 1/n runs n clients at once on
     one GPU; 0: the client's memory budget over the GPU's memory (a whole GPU without budgets)."""
     batch_clients: int = 1
-    """local: train up to this many clients of the same sub-model shape at once, as one vectorised
-    model (torch.func.vmap), for throughput on a GPU; 1 trains one after the other. Only for methods
-    whose client loss is plain cross-entropy in one stage (FedAvg, FedAvg x r); others run one by
-    one. Equal to sequential training up to float rounding (see the README)."""
+    """local and ray: train up to this many clients of the same sub-model shape at once, as one
+    vectorised model (torch.func.vmap); 1 trains one after the other. Faster for small models on a
+    GPU and on the CPU alike. Only for methods whose client loss is plain cross-entropy in one stage
+    (FedAvg, FedAvg x r); others run one by one. Equal to sequential training up to float rounding
+    (see the README)."""
     client_timeout_s: float = 0.0
     """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""
     actor_start_timeout_s: float = 300.0
@@ -279,7 +282,9 @@ class BackendConfig:
     it the pool goes on with the actors that started, and the run stops with an error naming what
     they asked for if none did (more CPUs per client than the cluster has). 0 waits forever."""
     gpu_memory: str = ""
-    """ray: memory of one GPU (e.g. 80GB) for sizing num_gpus = budget / device memory; default: read from CUDA."""
+    """ray: memory of one GPU of the cluster (e.g. 80GB), for num_gpus = budget / GPU memory; needed
+    where the driver has no GPU (a CPU head) and budgets are set; default: the driver's GPU's memory
+    on a one-node cluster."""
     ray_log_to_driver: bool = False
     """ray: show the actors' log lines in this process."""
     chaos: tuple[str, ...] = ()
@@ -294,6 +299,13 @@ class BackendConfig:
         check(0 <= self.num_gpus_per_client <= 1, "num_gpus_per_client", self.num_gpus_per_client, "a number in [0, 1] (0: from the budget)")
         check(self.batch_clients >= 1, "batch_clients", self.batch_clients, "an integer >= 1")
         check(self.client_timeout_s >= 0, "client_timeout_s", self.client_timeout_s, "a number >= 0 (0: no timeout)")
+        if self.gpu_memory:
+            try:
+                check_amount(self.gpu_memory)
+                ok = not self.gpu_memory.startswith("width:")
+            except ValueError:
+                ok = False
+            check(ok, "gpu_memory", self.gpu_memory, "an amount of memory such as 24GB or 80GiB")
         check(self.actor_start_timeout_s >= 0, "actor_start_timeout_s", self.actor_start_timeout_s, "a number >= 0 (0: wait forever)")
         for rule in self.chaos:
             parts = rule.split(":")

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS
 from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
+from hfl.storage import check_job_location, staged
 from hfl.types import RoundContext, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,14 @@ def writable_folder(path: str | Path, field: str) -> Path:
 def run_experiment(
     config: ExperimentConfig, out_dir: str | Path, *, resume: bool = False, callbacks: Sequence[RoundCallback] = ()
 ) -> dict[str, Any]:
-    """Run (or resume) an experiment, writing metrics.jsonl, checkpoints and summary.json to `out_dir`."""
-    out = writable_folder(out_dir, "--out")
+    """Run (or resume) an experiment, writing metrics.jsonl, checkpoints and summary.json to `out_dir`:
+    a folder, or a URI (s3://, gs://, file://) that the run is copied to after every round."""
+    check_job_location(out_dir, "--out")
+    with staged(out_dir, "--out") as (folder, push):
+        return _run(config, writable_folder(folder, "--out"), resume, callbacks, push)
+
+
+def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[RoundCallback], push: Callable[[], None]) -> dict[str, Any]:
     if config.fl.eval_spill_dir:
         writable_folder(config.fl.eval_spill_dir, "fl.eval_spill_dir")
     env = ClientEnvironment.from_config(config)
@@ -189,6 +196,7 @@ def run_experiment(
             metrics.on_round(record)
             if r % fl.checkpoint_every == 0 or last:
                 save_checkpoint(out, state, config.to_dict())
+            push()
             for sink in sinks:
                 sink.on_round(record)
     finally:

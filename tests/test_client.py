@@ -1,5 +1,9 @@
 """Clients trained together (one vectorised model) against clients trained one by one."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -68,6 +72,23 @@ def test_methods_that_cannot_train_together_run_one_by_one_unchanged(tmp_path):
         runs[size] = (tmp_path / str(size) / "summary.json").read_text()
     strip = lambda text: [line for line in text.splitlines() if "seconds" not in line]
     assert strip(runs[1]) == strip(runs[4])
+
+
+def test_training_a_client_with_the_fast_driver_does_not_import_lightning():
+    # Lightning costs about a second of import and 250 MiB per Ray actor; only `trainer=lightning`
+    # needs it. A fresh interpreter, since this test session may have imported it already.
+    script = """
+import sys
+import hfl.backends.base, hfl.server
+from tests.test_client import environment_and_tasks
+env, state, tasks = environment_and_tasks(clients=1)
+env.train(state, tasks[0])
+loaded = [m for m in sys.modules if m.split(".")[0] in ("lightning", "pytorch_lightning", "torchmetrics")]
+assert not loaded, loaded
+"""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_batch_clients_must_be_positive():

@@ -227,6 +227,30 @@ class ClientEnvironment:
             return None
         return (task.spec.shape, task.spec.frozen, task.ctx.num_samples)
 
+    def work_units(self, tasks: Sequence[ClientTask], batch_clients: int, spread: int = 1) -> list[list[int]]:
+        """`tasks` (their indices) in the groups that train at once: each alone where `batch_clients`
+        is 1 or a task cannot train beside others, else up to `batch_clients` of one `together_key`,
+        cut into at least `spread` groups where there are that many tasks (one per Ray actor, so
+        that batching never leaves an actor idle)."""
+        units: list[list[int]] = []
+        groups: dict[tuple, list[int]] = {}
+        for i, task in enumerate(tasks):
+            key = self.together_key(task) if batch_clients > 1 else None
+            if key is None:
+                units.append([i])
+            else:
+                groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            size = min(batch_clients, -(-len(members) // spread))
+            units.extend(members[lo : lo + size] for lo in range(0, len(members), size))
+        return units
+
+    def train_unit(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
+        """Train one of `work_units`: a task alone, or several of one `together_key` at once."""
+        if len(tasks) == 1:
+            return [self.train(global_state, tasks[0])]
+        return self.train_together(global_state, tasks)
+
     def train_together(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
         """Train tasks of one `together_key` as one vectorised model (see `train_clients_together`)."""
         model = self.model(tasks[0].spec)

@@ -14,16 +14,18 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 import torch
 
+from hfl.accounting.amounts import ClientBudget, absolute_amount
 from hfl.backends.base import ClientEnvironment
-from hfl.config import ExperimentConfig
-from hfl.errors import ConfigError
+from hfl.config import BackendConfig, ExperimentConfig
+from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import BACKENDS
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
@@ -61,19 +63,35 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> None:
 
 
 class ClientActor:
-    """One simulated-client worker; trains whichever client it is handed."""
+    """One simulated-client worker; trains whichever clients it is handed."""
 
     def __init__(self, config: ExperimentConfig) -> None:
         # Expandable segments keep the memory the allocator reserves close to what tensors use,
         # so a budget cap (see cap_client_memory) fails clients that exceed it, not fragmentation.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        self.env = ClientEnvironment.from_config(config)
+        context = ray.get_runtime_context()
+        self.placement = {"ray_node": context.get_node_id(), "ray_resources": context.get_assigned_resources(),
+                          "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        """Where Ray put this actor and what it reserved for it: recorded with every client it trains."""
+        self.setup_error: str | None = None
+        try:
+            self.env = ClientEnvironment.from_config(config)
+        except DataNotFoundError as error:
+            # Kept, not raised: the driver stops the run with this one line and the node it happened on
+            # (a node without the data) instead of Ray's paragraph about a dead actor.
+            self.setup_error = f"on Ray node {ray.util.get_node_ip_address()} ({self.placement['ray_node'][:12]}): {error}"
         self.chaos = config.backend.chaos
 
-    def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
-        self._maybe_fail(task)
-        cap_client_memory(self.env, task)
-        return self.env.train(global_state, task)
+    def train(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
+        """Train one work unit (a client, or several of one shape at once; see `ClientEnvironment.work_units`)."""
+        for task in tasks:
+            self._maybe_fail(task)
+        if len(tasks) == 1:
+            cap_client_memory(self.env, tasks[0])
+        updates = self.env.train_unit(global_state, tasks)
+        for update in updates:
+            update.metrics.update(self.placement)
+        return updates
 
     def _maybe_fail(self, task: ClientTask) -> None:
         for rule in self.chaos:
@@ -86,13 +104,80 @@ class ClientActor:
                 if kind == "hang":
                     time.sleep(3600)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> str | None:
+        """None once the actor can train; else why it cannot: the data is missing on its node."""
+        return self.setup_error
+
+
+@dataclass(frozen=True)
+class PoolDemand:
+    """What one pool's actors each ask of a node, and how many clients it serves."""
+
+    resource: str | None
+    """The tier's custom resource (one unit per actor); None for the shared pool."""
+    num_gpus: float
+    clients: int
+
+
+def pool_sizes(nodes: Sequence[Mapping[str, float]], demands: Mapping[str, PoolDemand], num_cpus: float, limit: int = 0) -> dict[str, int]:
+    """How many actors of each pool the nodes (their advertised resources) can host at once.
+
+    Actors are placed one at a time, first fit, on what earlier ones left: the tier pools take turns
+    so that tiers advertised by one node share it, then the shared pool takes what is left. A pool
+    never gets more actors than it has clients, nor more than `limit` (0: no limit). Sizing by the
+    whole cluster's CPUs instead would ask for actors that only some nodes can host, and a round
+    would wait for them until `backend.actor_start_timeout_s`."""
+    free = [dict(node) for node in nodes]
+    sizes = dict.fromkeys(demands, 0)
+    cap = {name: min(d.clients, limit) if limit else d.clients for name, d in demands.items()}
+
+    def fits(node: dict[str, float], d: PoolDemand) -> bool:
+        wants = {"CPU": num_cpus, "GPU": d.num_gpus, **({d.resource: 1.0} if d.resource else {})}
+        return all(node.get(key, 0.0) >= amount - 1e-9 for key, amount in wants.items() if amount > 0)
+
+    for turn in ([n for n, d in demands.items() if d.resource], [n for n, d in demands.items() if not d.resource]):
+        while turn:
+            for name in list(turn):
+                d = demands[name]
+                node = next((node for node in free if fits(node, d)), None) if sizes[name] < cap[name] else None
+                if node is None:
+                    turn.remove(name)
+                    continue
+                node["CPU"] = node.get("CPU", 0.0) - num_cpus
+                node["GPU"] = node.get("GPU", 0.0) - d.num_gpus
+                if d.resource:
+                    node[d.resource] -= 1.0
+                sizes[name] += 1
+    return sizes
+
+
+def gpus_per_actor(backend: BackendConfig, pool: str, budgets: Sequence[ClientBudget | None], hosts: Sequence[Mapping[str, float]],
+                   device_memory: int | None) -> float:
+    """The GPUs each actor of `pool` asks for: `backend.num_gpus_per_client` where set, else the
+    largest memory budget of its clients over `device_memory`, the memory of one GPU (a whole GPU
+    without budgets); 0 where the pool's nodes, `hosts`, advertise no GPU or the run is on the CPU."""
+    has_gpus = any(node.get("GPU", 0) > 0 for node in hosts)
+    where = "the cluster's nodes" if pool == SHARED_POOL else f"the nodes advertising {tier_resource(pool)}"
+    if backend.num_gpus_per_client and not has_gpus:
+        raise ConfigError("backend.num_gpus_per_client", backend.num_gpus_per_client, f"0 for the clients of tier {pool}: {where} advertise no GPU")
+    if backend.device == "cpu" or not has_gpus:
+        return 0.0
+    if backend.num_gpus_per_client:
+        return backend.num_gpus_per_client
+    memory = [b.memory_bytes for b in budgets if b is not None]
+    if not memory or None in memory:
+        return 1.0
+    if device_memory is None:
+        raise ConfigError("backend.gpu_memory", backend.gpu_memory,
+                          f"the memory of one GPU of {where} (e.g. 24GB), from which each actor's share of a GPU is its "
+                          f"clients' memory budget over it (or set backend.num_gpus_per_client): the cluster advertises "
+                          f"GPUs there, but the driver has none to read it from")
+    return min(1.0, math.ceil(max(memory) / device_memory * 1e4) / 1e4)  # Ray counts GPU shares in steps of 1e-4
 
 
 @dataclass
 class Pool:
-    """The actors serving one tier (or every client, on a cluster without tier resources)."""
+    """The actors serving one tier (or every client whose tier the cluster does not advertise)."""
 
     options: dict[str, Any]
     size: int
@@ -101,7 +186,12 @@ class Pool:
 
 @BACKENDS.register("ray")
 class RayBackend:
+    PIPELINE = 2
+    """Work units queued on an actor at once: the next one waits in the actor while it trains the
+    current one, so no actor idles for a round trip to the driver between clients."""
+
     def __init__(self, environment: ClientEnvironment) -> None:
+        self.environment = environment
         self.config = config = environment.config
         if not ray.is_initialized():
             # Joins the cluster in RAY_ADDRESS (set by `ray job submit`) or one started on this
@@ -112,41 +202,50 @@ class RayBackend:
                 configure_logging=False,
             )
         self.remote_actor = ray.remote(ClientActor)
-        self.pools: dict[str, Pool] = {}
         self.timeout = config.backend.client_timeout_s or None
-        self.cluster: dict[str, float] | None = None
+        self.pools = self._plan_pools()
+        self.pool_of = [self._pool_name(budget) for budget in environment.budgets]
+        """The pool serving each client."""
 
     # -- pools --------------------------------------------------------------------------------
-    def _pool_name(self, task: ClientTask) -> str:
-        """The pool serving `task`'s tier, created on first use."""
-        tier = task.ctx.budget.tier if task.ctx.budget else None
-        if self.cluster is None:  # a query to the cluster's control store: once, not per task
-            self.cluster = ray.cluster_resources()
-        name = tier if tier is not None and tier_resource(tier) in self.cluster else SHARED_POOL
-        if name not in self.pools:
-            self.pools[name] = self._new_pool(name, task, self.cluster)
-        return name
+    def _pool_name(self, budget: ClientBudget | None) -> str:
+        return budget.tier if budget is not None and budget.tier in self.pools else SHARED_POOL
 
-    def _new_pool(self, name: str, task: ClientTask, cluster: dict[str, float]) -> Pool:
+    def _plan_pools(self) -> dict[str, Pool]:
+        """One pool per tier the cluster advertises (`hfl_tier_<name>`), one shared pool for the
+        other clients; each sized by what the nodes can host, and asking for GPUs where its nodes
+        have them. Decided from the cluster's alive nodes, never from the driver's own machine,
+        which may be a head without GPUs."""
         backend = self.config.backend
-        options: dict[str, Any] = {"num_cpus": backend.num_cpus_per_client}
-        if name != SHARED_POOL:
-            options["resources"] = {tier_resource(name): 1}
-        device_memory = self._device_memory()
-        # The driver may have no GPU (a CPU head node): "auto" asks for GPUs wherever the cluster has them.
-        if cluster.get("GPU", 0) > 0 and device_memory and backend.device != "cpu":
-            budget = task.ctx.budget.memory_bytes if task.ctx.budget and task.ctx.budget.memory_bytes else device_memory
-            options["num_gpus"] = backend.num_gpus_per_client or min(1.0, budget / device_memory)
-        size = backend.actors_per_pool or max(1, int(cluster.get("CPU", 1) // backend.num_cpus_per_client))
-        log.info("ray pool %s: %d actors with %s", name, size, options)
-        return Pool(options, size)
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        advertised = {key for node in nodes for key in node}
+        members: dict[str, list[ClientBudget | None]] = {}
+        for budget in self.environment.budgets:
+            tier = budget.tier if budget is not None and tier_resource(budget.tier) in advertised else SHARED_POOL
+            members.setdefault(tier, []).append(budget)
+        demands, options = {}, {}
+        for name, budgets in members.items():
+            resource = None if name == SHARED_POOL else tier_resource(name)
+            hosts = [node for node in nodes if resource is None or node.get(resource, 0) > 0]
+            gpus = gpus_per_actor(backend, name, budgets, hosts, self._device_memory(len(nodes)))
+            demands[name] = PoolDemand(resource, gpus, len(budgets))
+            options[name] = {"num_cpus": backend.num_cpus_per_client, **({"num_gpus": gpus} if gpus else {}),
+                             **({"resources": {resource: 1}} if resource else {})}
+        sizes = pool_sizes(nodes, demands, backend.num_cpus_per_client, backend.actors_per_pool)
+        pools = {}
+        for name, size in sizes.items():
+            if size == 0:  # nothing can host it now: one actor, which an autoscaling cluster may yet place
+                log.warning("ray pool %s: no node of the cluster (%s) can host an actor asking for %s now; asking for one "
+                            "and waiting up to backend.actor_start_timeout_s for it", name, ray.cluster_resources(), options[name])
+            pools[name] = Pool(options[name], max(size, 1))
+            log.info("ray pool %s: %d actors with %s", name, pools[name].size, options[name])
+        return pools
 
-    def _device_memory(self) -> int | None:
+    def _device_memory(self, node_count: int) -> int | None:
+        """`backend.gpu_memory`; else, on a one-node cluster (the driver's own), its GPU's memory."""
         if self.config.backend.gpu_memory:
-            from hfl.accounting.amounts import absolute_amount
-
             return absolute_amount(self.config.backend.gpu_memory)
-        if torch.cuda.is_available():
+        if node_count == 1 and torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory
         return None
 
@@ -154,7 +253,8 @@ class RayBackend:
         """Start actors and wait until they are built, so start-up never counts against a client's
         timeout. Actors the cluster cannot place (more CPUs asked than it has, more actors than fit)
         would wait forever: past `backend.actor_start_timeout_s` the pool goes on with those that
-        started, and the run stops with a ConfigError if none did."""
+        started, and the run stops with a ConfigError if none did. An actor that cannot build the
+        experiment (no data on its node) stops the run with that actor's one-line reason."""
         actors = [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
         pending = {actor.ready.remote(): actor for actor in actors}
         started: list[Any] = []
@@ -164,8 +264,12 @@ class RayBackend:
             wait = START_REPORT_S if deadline is None else max(0.0, min(START_REPORT_S, deadline - time.monotonic()))
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait)
             for ref in ready:
-                ray.get(ref)  # raises what an actor's constructor raised
                 started.append(pending.pop(ref))
+                problem = ray.get(ref)  # raises what an actor's constructor raised
+                if problem is not None:
+                    for actor in [*actors, *pool.actors]:
+                        ray.kill(actor)
+                    raise DataNotFoundError(problem)
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             log.warning("waiting for %d of %d client actors (%s) to start; the Ray cluster has %s free",
@@ -186,63 +290,92 @@ class RayBackend:
     # -- a round ------------------------------------------------------------------------------
     def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
         state_ref = ray.put({k: v.cpu() for k, v in global_state.items()})  # once per round
-        queues: dict[str, deque[int]] = {}
+        members: dict[str, list[int]] = {}
         for i, task in enumerate(tasks):
-            queues.setdefault(self._pool_name(task), deque()).append(i)
-        for name, queue in queues.items():
+            members.setdefault(self.pool_of[task.ctx.client_id], []).append(i)
+        # Tier pools start first: an actor of the shared pool could otherwise take a CPU that only a
+        # tier's node offers.
+        queues: dict[str, deque[list[int]]] = {}
+        for name in sorted(members, key=lambda n: n == SHARED_POOL):
             pool = self.pools[name]
             # Replacements started late last round may still be starting: wait, so no client's
             # timeout includes an actor's start-up.
             ray.get([actor.ready.remote() for actor in pool.actors])
-            pool.actors += self._spawn(pool, max(min(pool.size, len(queue)) - len(pool.actors), 0))
+            pool.actors += self._spawn(pool, max(min(pool.size, len(members[name])) - len(pool.actors), 0))
+            mine = [tasks[i] for i in members[name]]
+            units = self.environment.work_units(mine, self.config.backend.batch_clients, spread=len(pool.actors))
+            queues[name] = deque([members[name][j] for j in unit] for unit in units)
         results: dict[int, ClientUpdate] = {}
         failed: list[dict[str, Any]] = []
-        in_flight: dict[Any, tuple[int, str, Any, float]] = {}  # ref -> (task, pool, actor, started)
+        # Per actor, the units sent to it in order: the first is training (since `since`), the
+        # others wait in the actor's queue, which runs them in order.
+        sent: dict[Any, deque[tuple[Any, list[int]]]] = {}
+        since: dict[Any, float] = {}
+        owner: dict[Any, tuple[str, Any]] = {}  # ref of a unit -> (pool, actor)
         starting: dict[Any, tuple[str, Any]] = {}  # ready ref of a replacement actor -> (pool, actor)
-        idle = {name: list(self.pools[name].actors) for name in queues}
 
         def submit(name: str) -> None:
-            while queues[name] and idle[name]:
-                i, actor = queues[name].popleft(), idle[name].pop()
-                ref = actor.train.remote(state_ref, tasks[i])
-                in_flight[ref] = (i, name, actor, time.monotonic())
+            """Fill the pool's ready actors up to PIPELINE units each, one unit per actor at a time."""
+            ready = [a for a in self.pools[name].actors if (name, a) not in starting.values()]
+            for depth in range(1, self.PIPELINE + 1):
+                for actor in ready:
+                    if not queues[name]:
+                        return
+                    if len(sent.setdefault(actor, deque())) >= depth:
+                        continue
+                    unit = queues[name].popleft()
+                    ref = actor.train.remote(state_ref, [tasks[i] for i in unit])
+                    if not sent[actor]:
+                        since[actor] = time.monotonic()
+                    sent[actor].append((ref, unit))
+                    owner[ref] = (name, actor)
 
-        def replace(name: str, dead: Any) -> None:
-            """Start a fresh actor in the dead one's place; it takes work once it is ready, so its
-            start-up never counts against a client's timeout."""
+        def lose(name: str, actor: Any, failure: Callable[[ClientTask], dict[str, Any]]) -> None:
+            """The actor is gone: its training unit failed, the units waiting on it go back to the
+            pool's queue, and a fresh actor takes its place once it is ready, so its start-up
+            never counts against a client's timeout."""
+            units = sent.pop(actor)
+            failed.extend(failure(tasks[i]) for i in units[0][1])
+            for ref, unit in reversed(units):
+                owner.pop(ref, None)
+                if unit is not units[0][1]:
+                    queues[name].appendleft(unit)
             pool = self.pools[name]
             fresh = self.remote_actor.options(**pool.options).remote(self.config)
-            pool.actors[pool.actors.index(dead)] = fresh
+            pool.actors[pool.actors.index(actor)] = fresh
             starting[fresh.ready.remote()] = (name, fresh)
 
         for name in queues:
             submit(name)
-        while in_flight or (starting and any(queues.values())):
-            done, _ = ray.wait([*in_flight, *starting], num_returns=1, timeout=1.0)
+        while owner or (starting and any(queues.values())):
+            done, _ = ray.wait([*owner, *starting], num_returns=1, timeout=1.0)
             for ref in done:
                 if ref in starting:
-                    name, actor = starting.pop(ref)
-                    idle[name].append(actor)
+                    submit(starting.pop(ref)[0])
+                    continue
+                if ref not in owner:  # a unit requeued when its actor died
+                    continue
+                name, actor = owner.pop(ref)
+                unit = next(u for r, u in sent[actor] if r == ref)
+                try:
+                    results.update(zip(unit, ray.get(ref)))
+                except ray.exceptions.RayActorError as error:
+                    lose(name, actor, lambda task, error=error: self._failure(task, "actor died", error))
                     submit(name)
                     continue
-                i, name, actor, _ = in_flight.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                    idle[name].append(actor)
-                except ray.exceptions.RayActorError as error:
-                    failed.append(self._failure(tasks[i], "actor died", error))
-                    replace(name, actor)
                 except Exception as error:  # noqa: BLE001 - the client's own error (including CUDA out of memory)
-                    failed.append(self._failure(tasks[i], "raised", error))
-                    idle[name].append(actor)
+                    failed.extend(self._failure(tasks[i], "raised", error) for i in unit)
+                sent[actor].remove((ref, unit))
+                since[actor] = time.monotonic()  # the actor's next unit starts now
                 submit(name)
-            now = time.monotonic()
-            for ref, (i, name, actor, started) in list(in_flight.items()):
-                if self.timeout and now - started > self.timeout:
-                    del in_flight[ref]
-                    ray.kill(actor)
-                    failed.append({"id": tasks[i].ctx.client_id, "reason": f"timed out after {self.timeout:g}s"})
-                    replace(name, actor)
+            if self.timeout:
+                now = time.monotonic()
+                for actor, units in list(sent.items()):
+                    if units and now - since[actor] > self.timeout * len(units[0][1]):
+                        name, _ = owner[units[0][0]]
+                        ray.kill(actor)
+                        lose(name, actor, lambda task: {"id": task.ctx.client_id, "reason": f"timed out after {self.timeout:g}s"})
+                        submit(name)
         return [results[i] for i in sorted(results)], failed
 
     @staticmethod

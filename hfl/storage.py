@@ -1,0 +1,113 @@
+"""Where results live: a local folder, or a URI that `pyarrow.fs` understands (`s3://`, `gs://`,
+`file://`, `hdfs://`), so that a run started by `ray job submit` leaves its results where every node
+and the user can read them after the job is gone.
+
+A run on a URI writes into a local staging folder that starts as a copy of what the URI holds (so a
+run resumes from there) and is copied back after every round and when the run stops, by error or
+interruption too: a crash loses at most the round in flight, as it does on a local folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hfl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+RAY_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray in the environment of a job's entrypoint (`ray job submit -- ...`)."""
+
+
+def is_uri(location: str | Path) -> bool:
+    return isinstance(location, str) and bool(URI.match(location))
+
+
+def check_job_location(location: str | Path | None, field: str) -> None:
+    """Under a Ray job, the working directory is a temporary copy on the head node that Ray deletes
+    with the job: a results folder must be an absolute path on shared storage or a URI."""
+    if RAY_JOB_VARIABLE not in os.environ or (location is not None and (is_uri(location) or Path(location).is_absolute())):
+        return
+    raise ConfigError(field, None if location is None else str(location),
+                      "under `ray job submit`, an absolute path on storage every node and you can read (e.g. /mnt/shared/runs/x) "
+                      "or a URI (s3://bucket/runs/x, gs://..., file:///...): a relative folder lands in the job's temporary "
+                      "working directory, which Ray deletes with the job")
+
+
+def filesystem(uri: str, field: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path in it) of `uri`; a ConfigError naming `field` where pyarrow cannot open it."""
+    from pyarrow import fs  # a dependency of ray[tune]; imported only for URIs
+
+    try:
+        return fs.FileSystem.from_uri(uri)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError or its own types by scheme
+        raise ConfigError(field, uri, f"a local folder or a URI pyarrow.fs can open ({str(error).splitlines()[0]})") from None
+
+
+class Mirror:
+    """A local folder copied to a URI file by file, each file only when it changed since the last copy."""
+
+    def __init__(self, local: Path, uri: str, field: str) -> None:
+        self.local, self.uri = local, uri
+        self.fs, self.root = filesystem(uri, field)
+        self.sent: dict[str, tuple[int, int]] = {}
+
+    def pull(self) -> None:
+        from pyarrow import fs
+
+        if self.fs.get_file_info(self.root).type != fs.FileType.Directory:
+            return
+        for info in self.fs.get_file_info(fs.FileSelector(self.root, recursive=True)):
+            if info.type != fs.FileType.File:
+                continue
+            relative = info.path[len(self.root.rstrip("/")) + 1 :]
+            target = self.local / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self.fs.open_input_stream(info.path) as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+            self.sent[relative] = self._stamp(target)
+
+    def push(self) -> None:
+        for path in sorted(p for p in self.local.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
+            relative, stamp = path.relative_to(self.local).as_posix(), self._stamp(path)
+            if self.sent.get(relative) == stamp:
+                continue
+            destination = f"{self.root.rstrip('/')}/{relative}"
+            self.fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+            with open(path, "rb") as source, self.fs.open_output_stream(destination) as sink:
+                shutil.copyfileobj(source, sink)
+            self.sent[relative] = stamp
+
+    @staticmethod
+    def _stamp(path: Path) -> tuple[int, int]:
+        stat = path.stat()
+        return stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def staged(location: str | Path, field: str = "--out") -> Iterator[tuple[Path, Callable[[], None]]]:
+    """(a local folder for `location`, a function that copies it there). For a local folder, that
+    folder and a no-op; for a URI, a staging folder pulled from it, copied back once more on exit."""
+    if not is_uri(location):
+        yield Path(location), lambda: None
+        return
+    staging = Path(tempfile.mkdtemp(prefix="hfl-staging-"))
+    mirror = Mirror(staging, str(location), field)
+    try:
+        mirror.pull()
+        yield staging, mirror.push
+    finally:
+        try:
+            mirror.push()
+        except Exception:
+            log.error("could not copy the run to %s: its files stay in %s", location, staging)
+            raise
+        shutil.rmtree(staging, ignore_errors=True)

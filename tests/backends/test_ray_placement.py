@@ -1,0 +1,58 @@
+"""Pool sizes and GPU shares from the nodes a cluster advertises: decided without starting Ray."""
+
+import pytest
+
+from hfl.accounting.amounts import ClientBudget
+from hfl.backends.ray import SHARED_POOL, PoolDemand, gpus_per_actor, pool_sizes
+from hfl.config import BackendConfig
+from hfl.errors import ConfigError
+
+HEAD = {"CPU": 1.0}
+GPU_WORKER = {"CPU": 2.0, "GPU": 2.0, "hfl_tier_w1": 2.0}
+
+
+def budget(tier, mib):
+    return ClientBudget(tier, None if mib is None else mib * 2**20, None, None)
+
+
+def test_a_tier_pool_is_sized_by_the_nodes_that_advertise_it_not_by_the_whole_cluster():
+    # The stall of issue 31: sized by the cluster's 3 CPUs, the w1 pool asked for 3 actors and 2 fit.
+    sizes = pool_sizes([HEAD, GPU_WORKER], {"w1": PoolDemand("hfl_tier_w1", 0.5, clients=8)}, num_cpus=1)
+    assert sizes == {"w1": 2}
+
+
+def test_tier_units_cpus_and_gpus_each_bound_a_pool():
+    demand = {"w1": PoolDemand("hfl_tier_w1", 0.0, clients=8)}
+    assert pool_sizes([{"CPU": 8.0, "hfl_tier_w1": 3.0}], demand, num_cpus=1) == {"w1": 3}  # tier units
+    assert pool_sizes([{"CPU": 8.0, "hfl_tier_w1": 3.0}], demand, num_cpus=4) == {"w1": 2}  # CPUs
+    gpus = {"w1": PoolDemand("hfl_tier_w1", 0.4, clients=8)}
+    assert pool_sizes([{"CPU": 8.0, "GPU": 1.0, "hfl_tier_w1": 8.0}], gpus, num_cpus=1) == {"w1": 2}  # GPU shares
+    assert pool_sizes([{"CPU": 8.0, "hfl_tier_w1": 8.0}], demand, num_cpus=1) == {"w1": 8}
+    assert pool_sizes([{"CPU": 8.0, "hfl_tier_w1": 8.0}], {"w1": PoolDemand("hfl_tier_w1", 0.0, clients=3)}, num_cpus=1) == {"w1": 3}
+    assert pool_sizes([{"CPU": 8.0, "hfl_tier_w1": 8.0}], demand, num_cpus=1, limit=5) == {"w1": 5}  # backend.actors_per_pool
+
+
+def test_tiers_on_one_node_share_it_and_the_shared_pool_takes_what_is_left():
+    nodes = [{"CPU": 4.0, "hfl_tier_a": 4.0, "hfl_tier_b": 4.0}, {"CPU": 3.0}]
+    demands = {SHARED_POOL: PoolDemand(None, 0.0, 10), "a": PoolDemand("hfl_tier_a", 0.0, 10), "b": PoolDemand("hfl_tier_b", 0.0, 10)}
+    assert pool_sizes(nodes, demands, num_cpus=1) == {SHARED_POOL: 3, "a": 2, "b": 2}
+    assert pool_sizes([{"CPU": 0.0, "hfl_tier_a": 4.0}], {"a": PoolDemand("hfl_tier_a", 0.0, 4)}, num_cpus=1) == {"a": 0}
+
+
+def test_gpu_shares_come_from_the_cluster_and_the_budget_not_from_the_driver():
+    backend = BackendConfig()
+    tier = [budget("w1", 300), budget("w1", 300)]
+    assert gpus_per_actor(backend, "w1", tier, [GPU_WORKER], device_memory=1024 * 2**20) == pytest.approx(0.293)  # 300/1024, rounded up
+    assert gpus_per_actor(backend, "w1", [budget("w1", None)], [GPU_WORKER], device_memory=None) == 1.0  # no budget: a whole GPU
+    assert gpus_per_actor(BackendConfig(num_gpus_per_client=0.25), "w1", tier, [GPU_WORKER], device_memory=None) == 0.25
+    assert gpus_per_actor(backend, "w1", tier, [HEAD], device_memory=None) == 0.0  # nodes without GPUs
+    assert gpus_per_actor(BackendConfig(device="cpu"), "w1", tier, [GPU_WORKER], device_memory=2**30) == 0.0
+
+
+def test_a_gpu_share_that_cannot_be_decided_or_placed_is_a_config_error():
+    with pytest.raises(ConfigError) as info:  # a CPU head, GPU workers, budgets, and no GPU memory given
+        gpus_per_actor(BackendConfig(), "w1", [budget("w1", 300)], [GPU_WORKER], device_memory=None)
+    assert info.value.field == "backend.gpu_memory" and "hfl_tier_w1" in info.value.allowed
+    with pytest.raises(ConfigError) as info:
+        gpus_per_actor(BackendConfig(num_gpus_per_client=0.5), "w1", [budget("w1", 300)], [HEAD], device_memory=None)
+    assert info.value.field == "backend.num_gpus_per_client" and "advertise no GPU" in info.value.allowed
