@@ -375,7 +375,8 @@ def parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="run a Ray Tune sweep: hfl tune TUNE_SPACE.yaml [key=value ...] [--out DIR] [--resume]")
     tune.add_argument("space", help="sweep file, e.g. tune_spaces/quickstart.yaml")
     tune.add_argument("overrides", nargs="*", help="overrides of the base experiment, e.g. fl.rounds=3")
-    tune.add_argument("--out", help="sweep folder (default runs/tune-NAME-TIMESTAMP); with --resume, the sweep to continue")
+    tune.add_argument("--out", help="sweep folder or URI (s3://, gs://, file://; default runs/tune-NAME-TIMESTAMP, refused under "
+                      "`ray job submit`); with --resume, the sweep to continue")
     tune.add_argument("--resume", action="store_true", help="continue the interrupted sweep in --out")
     tune.set_defaults(func=command_tune)
     report = sub.add_parser("report", help="compare finished runs: a Markdown table and PNG plots")

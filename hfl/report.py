@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import yaml
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.server import SUMMARY
+from hfl.storage import is_uri, staged
 
 MIB = 2**20
 
@@ -35,6 +36,10 @@ class RunRecord:
 
 
 def load_run(path: str | Path) -> RunRecord:
+    """The run in folder `path`, or at a URI (s3://, gs://, file://; read from a local copy)."""
+    if is_uri(path):
+        with staged(path, "run folder") as (folder, _):
+            return replace(load_run(folder), path=Path(str(path).rstrip("/").rsplit("/", 1)[-1]))
     folder = Path(path)
     missing = [name for name in ("config.yaml", SUMMARY, "metrics.jsonl") if not (folder / name).is_file()]
     if missing:

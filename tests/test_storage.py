@@ -76,3 +76,11 @@ def test_under_a_ray_job_a_results_folder_must_be_absolute_or_a_uri(monkeypatch,
 def test_a_uri_pyarrow_cannot_open_is_a_config_error(tmp_path, capsys):
     assert main(["run", str(QUICKSTART), "--out", "nosuchscheme://x/y"]) == 2
     assert "--out='nosuchscheme://x/y' is not allowed" in capsys.readouterr().err
+
+
+def test_a_report_reads_runs_on_a_uri(tmp_path):
+    from hfl.report import load_run
+
+    run_experiment(small_config(fl={"rounds": 1}), f"file://{tmp_path}/bucket/run-a")
+    record = load_run(f"file://{tmp_path}/bucket/run-a")
+    assert record.label == "run-a (fedavg)" and len(record.rounds) == 1 and record.summary["rounds"] == 1

@@ -2,19 +2,28 @@
 
 Each actor builds the experiment's ClientEnvironment once (data, partitions, a model per sub-model
 shape) and then only loads weights in place. The global weights go into the object store once per
-round. Where the cluster advertises a tier's custom resource (`hfl_tier_<name>`, see cluster.yaml)
-that tier's clients run on actors that hold it; otherwise every client shares one pool of CPU
-actors. A client that raises, dies, runs out of memory or times out is recorded and left out of
-the aggregate; its actor is replaced and the round goes on.
+round, and each actor reads them once per round. Where the cluster advertises a tier's custom
+resource (`hfl_tier_<name>`, see cluster.yaml) that tier's clients run on actors that hold it;
+otherwise they share one pool of CPU actors. Placement is decided from the nodes the cluster
+advertises, not from the driver's machine (often a CPU head): a pool holds as many actors as the
+nodes that can host it have room for, and asks for GPUs where those nodes have them.
+
+A round's clients go to their pool's actors as work units (a client, or with `backend.batch_clients`
+several of one shape trained as one vectorised model), two queued per actor so that none idles
+between units. A client that raises, dies, runs out of memory or times out is recorded and left
+out of the aggregate; its actor is replaced and the round goes on. Every client's metrics record
+the node it ran on and what Ray reserved for its actor.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import math
 import os
+import threading
 import time
 from collections import deque
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +47,11 @@ def tier_resource(tier: str) -> str:
     return f"hfl_tier_{tier}"
 
 
-def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> None:
+def cap_client_memory(env: ClientEnvironment, task: ClientTask | None) -> None:
     """On CUDA, let this process allocate at most the client's memory budget beyond what it holds
     for everything else (the data, other shapes' models), so that a client whose training exceeds
-    its budget fails with an out-of-memory error instead of borrowing the device's memory.
+    its budget fails with an out-of-memory error instead of borrowing the device's memory; with no
+    task (or no budget), lift the cap.
 
     The budget covers the client model's weights, as the estimate and the measurement do. The
     allocator caps the memory it reserves from the device, so its cache is emptied first: free
@@ -50,7 +60,7 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> None:
     if device.type != "cuda":
         return
     torch.cuda.set_per_process_memory_fraction(1.0, device)  # the last client's cap must not bind this one's set-up
-    budget = task.ctx.budget.memory_bytes if task.ctx.budget else None
+    budget = task.ctx.budget.memory_bytes if task is not None and task.ctx.budget else None
     if budget is None:
         return
     model = env.model(task.spec)  # built first: its weights are part of the budget
@@ -81,13 +91,20 @@ class ClientActor:
             # (a node without the data) instead of Ray's paragraph about a dead actor.
             self.setup_error = f"on Ray node {ray.util.get_node_ip_address()} ({self.placement['ray_node'][:12]}): {error}"
         self.chaos = config.backend.chaos
+        self.state_ref: ray.ObjectRef | None = None
+        self.global_state: StateDict = {}
 
-    def train(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
-        """Train one work unit (a client, or several of one shape at once; see `ClientEnvironment.work_units`)."""
+    def train(self, state: list[ray.ObjectRef], tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
+        """Train one work unit (a client, or several of one shape at once; see `ClientEnvironment.work_units`)
+        from the round's global state, `state[0]`: a reference, in a list so that Ray hands it over
+        unresolved, read once per round and kept (unpickling it costs milliseconds per client)."""
+        if state[0] != self.state_ref:
+            self.state_ref, self.global_state = state[0], ray.get(state[0])
+        global_state = self.global_state
         for task in tasks:
             self._maybe_fail(task)
-        if len(tasks) == 1:
-            cap_client_memory(self.env, tasks[0])
+        # Clients trained together share one stacked model, which no single budget covers: uncapped.
+        cap_client_memory(self.env, tasks[0] if len(tasks) == 1 else None)
         updates = self.env.train_unit(global_state, tasks)
         for update in updates:
             update.metrics.update(self.placement)
@@ -193,6 +210,10 @@ class RayBackend:
     def __init__(self, environment: ClientEnvironment) -> None:
         self.environment = environment
         self.config = config = environment.config
+        # The first optimiser step and the first evaluation import torch._dynamo (about a second on
+        # 2 cores): a thread does it while this one waits for Ray to start, instead of in round 1.
+        warm = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True)
+        warm.start()
         if not ray.is_initialized():
             # Joins the cluster in RAY_ADDRESS (set by `ray job submit`) or one started on this
             # machine by `ray start`; with neither, starts a local one.
@@ -206,6 +227,13 @@ class RayBackend:
         self.pools = self._plan_pools()
         self.pool_of = [self._pool_name(budget) for budget in environment.budgets]
         """The pool serving each client."""
+        # Every pool's actors start now, tier pools first (a shared-pool actor could otherwise take a
+        # CPU only a tier's node offers), and build their environments while this process sets up
+        # the run; the first round waits for them.
+        clients = {name: self.pool_of.count(name) for name in self.pools}
+        self.booting = {name: self._start(self.pools[name], min(self.pools[name].size, clients[name]))
+                        for name in sorted(self.pools, key=lambda n: n == SHARED_POOL)}
+        warm.join()
 
     # -- pools --------------------------------------------------------------------------------
     def _pool_name(self, budget: ClientBudget | None) -> str:
@@ -249,13 +277,16 @@ class RayBackend:
             return torch.cuda.get_device_properties(0).total_memory
         return None
 
-    def _spawn(self, pool: Pool, count: int = 1) -> list[Any]:
-        """Start actors and wait until they are built, so start-up never counts against a client's
+    def _start(self, pool: Pool, count: int) -> list[Any]:
+        return [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
+
+    def _spawn(self, pool: Pool, actors: list[Any]) -> list[Any]:
+        """Wait until started `actors` are built, so start-up never counts against a client's
         timeout. Actors the cluster cannot place (more CPUs asked than it has, more actors than fit)
         would wait forever: past `backend.actor_start_timeout_s` the pool goes on with those that
         started, and the run stops with a ConfigError if none did. An actor that cannot build the
         experiment (no data on its node) stops the run with that actor's one-line reason."""
-        actors = [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
+        count = len(actors)
         pending = {actor.ready.remote(): actor for actor in actors}
         started: list[Any] = []
         limit = self.config.backend.actor_start_timeout_s
@@ -301,7 +332,9 @@ class RayBackend:
             # Replacements started late last round may still be starting: wait, so no client's
             # timeout includes an actor's start-up.
             ray.get([actor.ready.remote() for actor in pool.actors])
-            pool.actors += self._spawn(pool, max(min(pool.size, len(members[name])) - len(pool.actors), 0))
+            booting = self.booting.pop(name, [])
+            more = max(min(pool.size, len(members[name])) - len(pool.actors) - len(booting), 0)
+            pool.actors += self._spawn(pool, booting + self._start(pool, more))
             mine = [tasks[i] for i in members[name]]
             units = self.environment.work_units(mine, self.config.backend.batch_clients, spread=len(pool.actors))
             queues[name] = deque([members[name][j] for j in unit] for unit in units)
@@ -324,7 +357,7 @@ class RayBackend:
                     if len(sent.setdefault(actor, deque())) >= depth:
                         continue
                     unit = queues[name].popleft()
-                    ref = actor.train.remote(state_ref, [tasks[i] for i in unit])
+                    ref = actor.train.remote([state_ref], [tasks[i] for i in unit])
                     if not sent[actor]:
                         since[actor] = time.monotonic()
                     sent[actor].append((ref, unit))
@@ -387,7 +420,6 @@ class RayBackend:
         return {"id": task.ctx.client_id, "reason": f"{kind}: {type(cause).__name__}: {first_line}"[:500]}
 
     def close(self) -> None:
-        for pool in self.pools.values():
-            for actor in pool.actors:
-                ray.kill(actor)
+        for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
+            ray.kill(actor)
         self.pools.clear()

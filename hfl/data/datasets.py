@@ -297,23 +297,31 @@ def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[n
 
 
 # --------------------------------------------------------------------------------------------
-# Small datasets generated or shipped in a wheel: cheap to build, so not cached on disk.
+# Small datasets generated or shipped in a wheel: cheap to build, so not cached on disk (but for
+# digits, whose split needs scikit-learn; see its loader).
 
 
 @DATASETS.register("digits")
 def _load_digits(
     *, root: str, cache_dir: str, download: bool, test_fraction: float, synthetic: SyntheticSpec | None, seq_len: int
 ) -> ImageDataset:
-    """scikit-learn's 1,797 8x8 digits, split with a fixed seed (not the experiment seed)."""
-    from sklearn.datasets import load_digits
+    """scikit-learn's 1,797 8x8 digits, split with a fixed seed (not the experiment seed). Cached
+    once split, although cheap to build: building imports scikit-learn, which costs each process
+    that loads digits (every Ray actor) about 140 MiB and a second."""
 
-    bunch = load_digits()
-    # Pixel values are 0..16; scale to the 0..255 range every other dataset uses.
-    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
-    labels = bunch.target.astype(np.int64)
-    train_idx, test_idx = _stratified_split(labels, test_fraction, _DIGITS_SPLIT_SEED)
-    x, y = torch.from_numpy(images), torch.from_numpy(labels)
-    return _make("digits", x[train_idx], y[train_idx], x[test_idx], y[test_idx], 10)
+    def build() -> dict[str, Any]:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        # Pixel values are 0..16; scale to the 0..255 range every other dataset uses.
+        images = torch.from_numpy(np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[:, None])
+        labels = torch.from_numpy(bunch.target.astype(np.int64))
+        train_idx, test_idx = _stratified_split(labels.numpy(), test_fraction, _DIGITS_SPLIT_SEED)
+        return {"train_x": images[train_idx], "train_y": labels[train_idx], "test_x": images[test_idx], "test_y": labels[test_idx],
+                "test_fraction": test_fraction}
+
+    blob = cached_blob(_cache_path(cache_dir, "digits"), "digits", build, lambda blob: blob.get("test_fraction") == test_fraction)
+    return _make("digits", blob["train_x"], blob["train_y"], blob["test_x"], blob["test_y"], 10)
 
 
 @DATASETS.register("synthetic")

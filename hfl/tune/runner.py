@@ -1,6 +1,6 @@
 """Run a sweep with Ray Tune; every trial is an ordinary hfl run folder.
 
-Layout of a sweep folder OUT:
+Layout of a sweep folder OUT, a local folder or a URI (s3://, gs://, file://; see hfl.storage):
 
     OUT/sweep.yaml          the validated sweep (a resumed sweep must match it)
     OUT/trials/<trial_id>/  one hfl run per trial: metrics.jsonl, summary.json, config.yaml, checkpoint.pt
@@ -12,11 +12,22 @@ A trial reports every round to Tune and attaches a Tune checkpoint (hfl's checkp
 metrics.jsonl and config.yaml) whenever hfl has written one; a restored trial copies those files
 back into its run folder and continues with `run_experiment(..., resume=True)`, which ends with the
 same numbers as an uninterrupted run.
+
+On a URI (a multi-node cluster under `ray job submit`, whose driver may not outlive the job), no
+state that a resume needs stays on the driver's disk: Tune's `storage_path` is the URI itself, where
+the trials upload their checkpoints and the driver its experiment state (at Tune's snapshots, so a
+crash of the driver costs at most the rounds since, which the restored trials rerun); each trial
+stages its run folder on the node it runs on (the driver's disk is not theirs) and copies it to
+OUT/trials/<trial_id> after every round, before the round goes to Tune, so that folder is never
+behind Tune's records; the driver writes sweep.yaml, results.csv and best_config.yaml to OUT
+directly. A local OUT takes the same path (pyarrow opens local paths; `staged` hands a local folder
+back as is), and on a multi-node cluster it must be a folder every node shares, as Tune requires.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
@@ -31,9 +42,10 @@ from typing import Any
 import yaml
 
 from hfl.checkpoint import CHECKPOINT
-from hfl.config import ExperimentConfig, config_from_dict, dump_config, flatten
+from hfl.config import ExperimentConfig, config_from_dict, flatten
 from hfl.errors import ConfigError
 from hfl.loggers import METRICS, read_metrics
+from hfl.storage import check_job_location, filesystem, is_uri, staged
 from hfl.tune.space import Sweep, load_sweep, trial_values
 
 log = logging.getLogger(__name__)
@@ -47,8 +59,8 @@ CONFIG_FILE = "config.yaml"
 class TuneOutcome:
     """What a sweep produced."""
 
-    out: Path
-    """The sweep folder."""
+    out: Path | str
+    """The sweep folder; a URI stays a string (a Path would fold its `//`)."""
     best_config: dict[str, Any] | None
     """The full hfl config of the best trial (None when no trial reported a metric)."""
     best_metric: float | None
@@ -66,6 +78,37 @@ class TuneOutcome:
         return [row["trial_id"] for row in self.results if row["status"] in ("error", "unfinished")]
 
 
+# -- a local folder or a URI ----------------------------------------------------------------------
+def join(location: str, *parts: str) -> str:
+    """`location`/`parts`; a URI keeps its `//`."""
+    return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
+
+
+def read_text(location: str) -> str | None:
+    """The text of the file at a local path or URI; None where there is no such file."""
+    from pyarrow import fs
+
+    files, path = filesystem(location, "--out")
+    if files.get_file_info(path).type != fs.FileType.File:
+        return None
+    with files.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def write_text(location: str, text: str) -> None:
+    files, path = filesystem(location, "--out")
+    files.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with files.open_output_stream(path) as f:
+        f.write(text.encode())
+
+
+def is_dir(location: str) -> bool:
+    from pyarrow import fs
+
+    files, path = filesystem(location, "--out")
+    return files.get_file_info(path).type == fs.FileType.Directory
+
+
 # -- inside a trial -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrialSetup:
@@ -74,9 +117,9 @@ class TrialSetup:
     base: dict[str, Any]
     """The sweep's resolved base config dict."""
     trials_dir: str
-    """Absolute folder holding the trials' run folders."""
+    """Absolute folder or URI holding the trials' run folders."""
     tune_dir: str
-    """Absolute folder of Ray Tune's storage: a trial's records are in <tune_dir>/<trial_id>/."""
+    """Absolute folder or URI of Ray Tune's storage: a trial's records are in <tune_dir>/<trial_id>/."""
     group: str
     """The sweep's name: the wandb group of every trial."""
 
@@ -137,6 +180,20 @@ class TuneReporter:
         pass
 
 
+class Upload:
+    """Round callback that copies a staged run folder to its URI after every round (a no-op for a
+    local folder); `staged` copies it once more when the run ends."""
+
+    def __init__(self, push: Callable[[], None]) -> None:
+        self.push = push
+
+    def on_round(self, record: dict[str, Any]) -> None:
+        self.push()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        pass
+
+
 def _restore_into(run_dir: Path) -> bool:
     """Copy the trial's latest Tune checkpoint into its run folder; whether there is a run to resume."""
     from ray import tune
@@ -152,7 +209,7 @@ def _restore_into(run_dir: Path) -> bool:
     return True
 
 
-def recorded_rounds(result_file: Path) -> int:
+def recorded_rounds(result_file: str) -> int:
     """The last round Tune recorded for a trial (0: none, or its records are not on this node).
 
     Tune takes a reported round in two steps: the result (the trial's `last_result`, a line of
@@ -160,9 +217,8 @@ def recorded_rounds(result_file: Path) -> int:
     sweep stopped between the two (a Ctrl-C) saves a state whose last checkpoint is a round older
     than its last result, and the restored trial replays that round: hfl's runs are deterministic,
     so the replay reproduces it, and the reporter leaves it out instead of Tune recording it twice."""
-    if not result_file.is_file():
-        return 0
-    rounds = [json.loads(line).get("round", 0) for line in result_file.read_text().splitlines() if line.strip()]
+    text = read_text(result_file) or ""
+    rounds = [json.loads(line).get("round", 0) for line in text.splitlines() if line.strip()]
     return max(rounds, default=0)
 
 
@@ -174,12 +230,15 @@ def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
 
     trial_id = tune.get_context().get_trial_id()
     config = trial_config(setup, params, trial_id)
-    run_dir = Path(setup.trials_dir) / trial_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    resume = _restore_into(run_dir)
-    recorded = recorded_rounds(Path(setup.tune_dir) / trial_id / RESULT_FILE) if resume else 0
-    log.info("trial %s: %s in %s%s", trial_id, params, run_dir, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
-    run_experiment(config, run_dir, resume=resume, callbacks=[TuneReporter(config, run_dir, recorded)])
+    location = join(setup.trials_dir, trial_id)
+    # On a URI the run folder is staged on this trial's node (the driver's is another node's disk).
+    with staged(location, "--out") as (run_dir, push):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resume = _restore_into(run_dir)
+        recorded = recorded_rounds(join(setup.tune_dir, trial_id, RESULT_FILE)) if resume else 0
+        log.info("trial %s: %s in %s%s", trial_id, params, location, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
+        # Upload first: Tune may end the trial inside the report (a scheduler's stop, a Ctrl-C).
+        run_experiment(config, run_dir, resume=resume, callbacks=[Upload(push), TuneReporter(config, run_dir, recorded)])
 
 
 def make_trainable(setup: TrialSetup) -> Callable[[dict[str, Any]], None]:
@@ -195,35 +254,40 @@ def trial_dirname(trial: Any) -> str:
 
 
 # -- the driver -----------------------------------------------------------------------------------
-def _sweep_folder(sweep: Sweep, out: str | None, resume: bool) -> Path:
+def _location(out: str) -> str:
+    return out.rstrip("/") if is_uri(out) else str(Path(out).resolve())
+
+
+def _sweep_folder(sweep: Sweep, out: str | None, resume: bool) -> str:
+    """The sweep's location (an absolute folder or a URI), with sweep.yaml written, or checked on resume."""
     if resume:
         if out is None:
             raise ConfigError("out", None, "the folder of the sweep to resume (--out DIR)")
-        folder = Path(out).resolve()
-        if not (folder / SWEEP_FILE).is_file() or not (folder / TUNE_DIR).is_dir():
+        folder = _location(out)
+        text = read_text(join(folder, SWEEP_FILE))
+        if text is None or not is_dir(join(folder, TUNE_DIR)):
             raise ConfigError("out", out, f"a sweep folder holding {SWEEP_FILE} and {TUNE_DIR}/ (none found there)")
-        saved = flatten(yaml.safe_load((folder / SWEEP_FILE).read_text()))
+        saved = flatten(yaml.safe_load(text))
         now = flatten(yaml.safe_load(yaml.safe_dump(sweep.to_dict())))
         changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
         if changed:
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
             raise ConfigError("--resume", out, f"the same sweep and overrides as the sweep being resumed (differs in {shown})")
         return folder
-    folder = Path(out or f"runs/tune-{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if (folder / TUNE_DIR).exists():
+    folder = _location(out or f"runs/tune-{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if is_dir(join(folder, TUNE_DIR)):
         raise ConfigError("out", out, "a folder without a sweep in it (continue that one with --resume)")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / SWEEP_FILE).write_text(yaml.safe_dump(sweep.to_dict(), sort_keys=False))
+    write_text(join(folder, SWEEP_FILE), yaml.safe_dump(sweep.to_dict(), sort_keys=False))
     return folder
 
 
-def _tuner(sweep: Sweep, folder: Path, trainable: Any, resume: bool) -> Any:
+def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     if resume:
-        return tune.Tuner.restore(str(folder / TUNE_DIR), trainable, resume_errored=True)
+        return tune.Tuner.restore(join(folder, TUNE_DIR), trainable, resume_errored=True)
     s = sweep.scheduler
     scheduler = (
         ASHAScheduler(time_attr="round", max_t=sweep.max_rounds, grace_period=s.grace_period, reduction_factor=s.reduction_factor)
@@ -245,7 +309,7 @@ def _tuner(sweep: Sweep, folder: Path, trainable: Any, resume: bool) -> Any:
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=str(folder),
+            storage_path=folder,  # a URI too: Tune reads and writes it with pyarrow.fs
             verbose=0,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         ),
@@ -260,10 +324,10 @@ def _status(tune_status: str, rounds_done: int, rounds: int) -> str:
     return "unfinished"  # interrupted sweep: continue it with resume
 
 
-def _results(sweep: Sweep, folder: Path, setup: TrialSetup) -> list[dict[str, Any]]:
+def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
     from ray.tune import ExperimentAnalysis
 
-    analysis = ExperimentAnalysis(str(folder / TUNE_DIR), default_metric=sweep.metric, default_mode=sweep.mode)
+    analysis = ExperimentAnalysis(setup.tune_dir, default_metric=sweep.metric, default_mode=sweep.mode)
     frames = analysis.trial_dataframes
     rows = []
     for trial in sorted(analysis.trials, key=lambda t: t.trial_id):
@@ -286,23 +350,22 @@ def _results(sweep: Sweep, folder: Path, setup: TrialSetup) -> list[dict[str, An
             f"best_{sweep.metric}": best,
             "rounds": rounds_done,
             "status": _status(trial.status, rounds_done, rounds),
-            "run_dir": str(Path(setup.trials_dir) / trial.trial_id),
+            "run_dir": join(setup.trials_dir, trial.trial_id),
         })
         if trial.status == "ERROR":
-            error_file = Path(trial.path) / "error.txt"
-            lines = error_file.read_text().strip().splitlines() if error_file.is_file() else ["(no error.txt)"]
+            error_file = join(setup.tune_dir, trial.trial_id, "error.txt")
+            lines = (read_text(error_file) or "(no error.txt)").strip().splitlines()
             log.warning("trial %s failed: %s (traceback in %s)", trial.trial_id, lines[-1], error_file)
     return rows
 
 
-def _write_results(folder: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        (folder / RESULTS_FILE).write_text("")
-        return
-    with open(folder / RESULTS_FILE, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+def _write_results(folder: str, rows: list[dict[str, Any]]) -> None:
+    table = io.StringIO(newline="")
+    if rows:
+        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    write_text(join(folder, RESULTS_FILE), table.getvalue())
 
 
 def _start_ray() -> bool:
@@ -321,9 +384,10 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
 
     `overrides` (`key=value`) apply to the base experiment after the sweep file's own overrides.
     """
+    check_job_location(out, "--out")  # before the default folder, which is relative
     sweep = load_sweep(space_file, overrides)
     folder = _sweep_folder(sweep, out, resume)
-    setup = TrialSetup(sweep.base, str(folder / TRIALS_DIR), str(folder / TUNE_DIR), group=folder.name)
+    setup = TrialSetup(sweep.base, join(folder, TRIALS_DIR), join(folder, TUNE_DIR), group=folder.rsplit("/", 1)[-1])
     # Keep Ray Tune off the console (the CLI prints the results table): its new output engine prints
     # an experiment banner even at verbose=0, and every forced state snapshot (Tune forces one when a
     # trial has checkpointed num_to_keep times, i.e. every other round here) warns once it is frequent.
@@ -335,7 +399,7 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
 
         trainable = tune.with_resources(make_trainable(setup), dict(sweep.resources_per_trial))
         _tuner(sweep, folder, trainable, resume).fit()
-        rows = _results(sweep, folder, setup)
+        rows = _results(sweep, setup)
     finally:
         if started:
             import ray
@@ -349,10 +413,11 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
     best_config = None
     if best is not None:
         config = trial_config(setup, {p: best[p] for p in sweep.space}, best["trial_id"])
-        dump_config(config, folder / BEST_CONFIG_FILE)
         best_config = config.to_dict()
+        write_text(join(folder, BEST_CONFIG_FILE), yaml.safe_dump(best_config, sort_keys=False))
     return TuneOutcome(
-        folder, best_config, best[sweep.metric] if best else None, rows, sweep.metric, sweep.mode, best["trial_id"] if best else None
+        folder if is_uri(folder) else Path(folder),
+        best_config, best[sweep.metric] if best else None, rows, sweep.metric, sweep.mode, best["trial_id"] if best else None,
     )
 
 
@@ -369,17 +434,20 @@ def format_results(outcome: TuneOutcome) -> str:
     headers = list(outcome.results[0])
     cells = [headers]
     for row in outcome.results:
-        shown = dict(row, run_dir=os.path.relpath(row["run_dir"], outcome.out))
+        shown = dict(row, run_dir=join(TRIALS_DIR, row["trial_id"]))
         cells.append([_cell(shown[h]) for h in headers])
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    out = str(outcome.out)
     if outcome.best_trial is not None:
         lines.append(f"\nbest: {outcome.best_trial}  {outcome.metric}={_cell(outcome.best_metric)} ({outcome.mode})")
-        lines.append(f"config: {outcome.out / BEST_CONFIG_FILE}   (hfl run {outcome.out / BEST_CONFIG_FILE})")
+        config = join(out, BEST_CONFIG_FILE)
+        # `hfl run` reads a local file: a URI's copy is fetched first.
+        lines.append(f"config: {config}   ({'copy it here, then hfl run ' + BEST_CONFIG_FILE if is_uri(out) else 'hfl run ' + config})")
     else:
         lines.append(f"\nno trial reported {outcome.metric}")
-    lines.append(f"results: {outcome.out / RESULTS_FILE}")
+    lines.append(f"results: {join(out, RESULTS_FILE)}")
     if outcome.incomplete:
         lines.append(f"{len(outcome.incomplete)} trial(s) did not finish ({', '.join(outcome.incomplete)}); "
                      f"continue the sweep with --resume --out {outcome.out}")

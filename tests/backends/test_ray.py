@@ -65,3 +65,15 @@ def test_a_pool_larger_than_the_cluster_goes_on_with_the_actors_that_started(tmp
     summary = run_experiment(config, tmp_path)  # 2 CPUs hold 2 of the 6 actors
     assert summary["failed_client_rounds"] == 0
     assert [len(r["clients"]) for r in read_metrics(tmp_path)] == [6, 6]
+
+
+def test_batched_clients_on_ray_train_together_and_agree_with_one_by_one(tmp_path):
+    fl = {"rounds": 2, "clients": 8, "fraction": 1.0}
+    one_by_one = run_experiment(small_config(data={"partition": "iid"}, fl=fl), tmp_path / "local")
+    batched = run_experiment(small_config(data={"partition": "iid"}, fl=fl, backend={"name": "ray", "device": "cpu", "batch_clients": 4}),
+                             tmp_path / "ray")
+    clients = [c for r in read_metrics(tmp_path / "ray") for c in r["clients"]]
+    assert len(clients) == 16 and batched["failed_client_rounds"] == 0
+    # Clients trained together share their unit's time: at most 2 units per actor and round here.
+    assert len({(c["ray_node"], c["seconds"]) for c in clients}) < len(clients)
+    assert abs(batched["final_loss"] - one_by_one["final_loss"]) < 1e-3  # float rounding, not another algorithm

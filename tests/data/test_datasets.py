@@ -11,6 +11,8 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ from hfl.data import (
 )
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
+from tests.conftest import cli_env
 
 FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 SHARED = Path(os.environ.get("HFL_DATA", FALLBACK))
@@ -74,7 +77,12 @@ def test_digits_shapes_and_fixed_split(tmp_path) -> None:
     assert torch.equal(ds.test_x, again.test_x) and torch.equal(ds.test_y, again.test_y)
     smaller = load_dataset("digits", str(tmp_path), str(tmp_path), test_fraction=0.1)
     assert smaller.test_x.shape[0] == 180
-    assert not (tmp_path / "cache").exists(), "digits is rebuilt in milliseconds and never cached"
+    # Cached once split, so that a process loading digits again (each Ray actor) skips scikit-learn.
+    assert (tmp_path / "cache" / "decoded" / "digits.pt").is_file()
+    probe = ("import sys; from hfl.data import load_dataset; "
+             f"d = load_dataset('digits', '', {str(tmp_path / 'cache')!r}); "
+             "assert 'sklearn' not in sys.modules and d.test_x.shape[0] == 360")
+    subprocess.run([sys.executable, "-c", probe], check=True, env=cli_env())
 
 
 def test_synthetic_is_deterministic_and_follows_spec(tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""`hfl tune`: sweep-file validation (fast, no Ray), a small sweep end to end, and resuming an interrupted one."""
+"""`hfl tune`: sweep-file validation (fast, no Ray), a small sweep end to end, and resuming an interrupted one,
+in a local folder and on a URI (file:// here, as s3:// or gs:// on a cluster)."""
 
 import csv
 import json
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hfl.cli import main
 from hfl.config import load_config
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
+from hfl.storage import RAY_JOB_VARIABLE
 from hfl.tune import format_results, load_sweep, run_tune
 from hfl.tune.runner import TrialSetup, trial_config
 from tests.conftest import ROOT, cli_env
@@ -135,6 +138,32 @@ def test_resume_refuses_a_changed_sweep_and_a_fresh_run_an_old_folder(tmp_path):
         run_tune(str(path), out=str(out))
 
 
+def test_resume_on_a_uri_reads_the_sweep_there(tmp_path):
+    path, remote = write_sweep(tmp_path), tmp_path / "bucket" / "sweep"
+    uri = f"file://{remote}"
+    with pytest.raises(ConfigError, match="sweep folder"):
+        run_tune(str(path), out=uri, resume=True)
+    (remote / "tune").mkdir(parents=True)
+    (remote / "sweep.yaml").write_text(yaml.safe_dump(load_sweep(path).to_dict()))
+    with pytest.raises(ConfigError) as error:
+        run_tune(str(path), ["fl.rounds=2"], out=uri, resume=True)
+    assert error.value.field == "--resume" and "base.fl.rounds: 4 -> 2" in error.value.allowed
+    with pytest.raises(ConfigError, match="continue that one with --resume"):
+        run_tune(str(path), out=uri + "/")
+
+
+def test_under_a_ray_job_a_sweep_folder_must_be_absolute_or_a_uri(tmp_path, monkeypatch, capsys):
+    path = write_sweep(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RAY_JOB_VARIABLE, "{}")
+    assert main(["tune", str(path)]) == 2  # the default folder, runs/tune-NAME-TIME, is relative
+    assert "--out=None is not allowed" in capsys.readouterr().err
+    assert main(["tune", str(path), "--out", "runs/x", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--out='runs/x' is not allowed" in err and "deletes with the job" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
 def test_trials_log_to_wandb_grouped_by_sweep(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path, overrides=["logging.wandb=true"]))
     setup = TrialSetup(sweep.base, str(tmp_path / "trials"), str(tmp_path / "tune"), group="tune-sweep-1")
@@ -242,3 +271,61 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tm
         rounds = reported_rounds(out / "tune" / row["trial_id"] / "result.json")
         assert rounds == [1, 2, 3, 4], rounds
     assert resumed.best_metric == finished.best_metric
+
+
+@pytest.mark.slow
+def test_sweep_on_a_uri_leaves_every_file_there(finished, ray_address, tmp_path):
+    remote = tmp_path / "bucket" / "sweep"
+    uri = f"file://{remote}"
+    outcome = run_tune(str(write_sweep(tmp_path)), out=uri)
+    assert outcome.out == uri and {r["status"] for r in outcome.results} == {"completed"}
+    assert (remote / "sweep.yaml").read_text() == yaml.safe_dump(load_sweep(tmp_path / "sweep.yaml").to_dict(), sort_keys=False)
+    with open(remote / "results.csv") as f:
+        assert [r["trial_id"] for r in csv.DictReader(f)] == [r["trial_id"] for r in outcome.results]
+    assert load_config(remote / "best_config.yaml").to_dict() == outcome.best_config
+    assert list((remote / "tune").glob("experiment_state-*.json"))  # Tune's own state, for --resume
+    for key, row in by_params(outcome).items():
+        run = remote / "trials" / row["trial_id"]
+        assert row["run_dir"] == f"{uri}/trials/{row['trial_id']}"
+        assert scores(str(run)) == scores(by_params(finished)[key]["run_dir"])  # the numbers of a local sweep
+        assert (run / "summary.json").is_file() and (run / "checkpoint.pt").is_file()
+    assert outcome.best_metric == finished.best_metric
+    text = format_results(outcome)
+    assert f"config: {uri}/best_config.yaml" in text and f"results: {uri}/results.csv" in text and "trials/" in text
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_on_a_uri_resumes_from_it(finished, ray_address, tmp_path):
+    sweep, remote = write_sweep(tmp_path), tmp_path / "bucket" / "sweep"
+    uri = f"file://{remote}"
+    env = dict(cli_env(), RAY_ADDRESS=ray_address)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), uri], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (held := [path.parent.name for path in (remote / "tune").glob("*/result.json") if reported_rounds(path)]):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        # A trial's run folder reaches the URI as each round ends, before Tune holds the round: not
+        # only when the trial ends, which a crash of the driver would never let it do.
+        assert all((remote / "trials" / trial / "metrics.jsonl").is_file() for trial in held), held
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "unfinished" in json.loads(stdout.strip().splitlines()[-1])
+
+    resumed = run_tune(str(sweep), out=uri, resume=True)
+
+    assert [r["status"] for r in resumed.results] == ["completed"] * 4
+    for key, row in by_params(resumed).items():
+        reference = by_params(finished)[key]
+        assert scores(str(remote / "trials" / row["trial_id"])) == scores(reference["run_dir"])
+        assert (row["accuracy"], row["best_accuracy"], row["rounds"]) == (reference["accuracy"], reference["best_accuracy"], 4)
+        rounds = reported_rounds(remote / "tune" / row["trial_id"] / "result.json")
+        assert rounds == [1, 2, 3, 4], rounds
+    assert resumed.best_metric == finished.best_metric
+    with open(remote / "results.csv") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["completed"] * 4
