@@ -25,6 +25,19 @@ def small_cnn() -> nn.Module:
     )
 
 
+def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epochs: int, batch_size: int, lr: float) -> None:
+    """One client's training: plain SGD over its samples `idx`, reshuffled every epoch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        shuffled = idx[torch.randperm(len(idx))].to(x.device)
+        for b in range(0, len(shuffled), batch_size):
+            batch = shuffled[b : b + batch_size]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+
+
 def run_plain(seed: int = 0, device: str = "cpu", rounds: int = ROUNDS) -> tuple[float, float, list[float]]:
     """(seconds, final accuracy, seconds of each round: from its start to the next round's start,
     the last to the end of the loop, so that every round's work is counted, evaluation included)."""
@@ -53,16 +66,8 @@ def run_plain(seed: int = 0, device: str = "cpu", rounds: int = ROUNDS) -> tuple
         weight = 0
         for c in rng.choice(CLIENTS, PER_ROUND, replace=False):
             model.load_state_dict(global_state)
-            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
             idx = parts[c]
-            model.train()
-            for _ in range(EPOCHS):
-                shuffled = idx[torch.randperm(len(idx))].to(device)
-                for b in range(0, len(shuffled), BATCH):
-                    batch = shuffled[b : b + BATCH]
-                    optimizer.zero_grad()
-                    F.cross_entropy(model(x[batch]), y[batch]).backward()
-                    optimizer.step()
+            local_sgd(model, x, y, idx, EPOCHS, BATCH, LR)
             for k, v in model.state_dict().items():
                 total[k] += v * len(idx)
             weight += len(idx)

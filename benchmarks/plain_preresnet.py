@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from plain_fedavg import local_sgd
 
 from hfl.models.resnet import preresnet20
 
@@ -39,16 +39,8 @@ def run_plain(seed: int = 0, rounds: int = ROUNDS) -> tuple[float, float, list[f
         weight = 0
         for c in rng.choice(CLIENTS, PER_ROUND, replace=False):
             model.load_state_dict(global_state)
-            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
             idx = parts[c]
-            model.train()
-            for _ in range(EPOCHS):
-                shuffled = idx[torch.randperm(len(idx))]
-                for b in range(0, len(shuffled), BATCH):
-                    batch = shuffled[b : b + BATCH]
-                    optimizer.zero_grad()
-                    F.cross_entropy(model(x[batch]), y[batch]).backward()
-                    optimizer.step()
+            local_sgd(model, x, y, idx, EPOCHS, BATCH, LR)
             for k, v in model.state_dict().items():
                 total[k] += v.float() * len(idx)
             weight += len(idx)

@@ -16,7 +16,7 @@ of a round's work (planning, training, aggregation, evaluation, and on hfl's sid
 and the checkpoint). On hfl's side the start of round r + 1 is the moment round r's callbacks run
 (the last thing a round does before the loop starts the next), taken as a timestamp.
 
-    python benchmarks/ray_scaling.py [--workload digits|preresnet] [--repeats 3] [--actors 2] [--batch-clients N]
+    python benchmarks/ray_scaling.py [--workload digits|preresnet] [--repeats 3] [--actors 2] [--batch-clients N] [--warm]
 
 `--batch-clients` is hfl's backend.batch_clients on the Ray side (default 5 for digits: an actor
 trains its share of a round's clients of one shape as one vectorised model; 1 for preresnet, whose
@@ -29,11 +29,16 @@ import argparse
 import itertools
 import json
 import os
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -143,11 +148,42 @@ def child_ray(workload: str, actors: int, batch_clients: int) -> dict:
             "actors": len(memory), "processes": processes[0] if processes else None, "wall_seconds": statistics.median(wall[2:])}
 
 
-def timed_child(kind: str, args: argparse.Namespace) -> dict:
+@contextmanager
+def ray_environment(warm: bool, cpus: int) -> Iterator[dict[str, str]]:
+    """The environment of the Ray side's processes. Cold (the default), each starts and stops Ray
+    itself. Warm, they join one head node started here first, as after `ray start --head` on a
+    laptop or on a running cluster, so Ray's own start (2.5-3.5 s here) and stop (1.4 s) are not
+    paid per run; client actors still start with each run."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    if not warm:
+        yield env
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    temp = tempfile.mkdtemp(prefix="hfl-rs-", dir="/tmp")  # Ray limits socket path lengths: keep it short
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+                             f"--num-cpus={cpus}", "--include-dashboard=false", f"--temp-dir={temp}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        while subprocess.run([ray_cli, "status", f"--address={address}"], env=env, capture_output=True, check=False).returncode:
+            if head.poll() is not None:
+                raise RuntimeError("the Ray head node did not start")
+            time.sleep(1)
+        yield {**env, "RAY_ADDRESS": address}
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def timed_child(kind: str, args: argparse.Namespace, env: dict[str, str]) -> dict:
     start = time.perf_counter()
     command = [sys.executable, __file__, "--child", kind, "--workload", args.workload, "--actors", str(args.actors),
                "--batch-clients", str(args.batch_clients)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     outcome["process"] = time.perf_counter() - start
     return outcome
@@ -159,6 +195,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--batch-clients", type=int, default=None, help="hfl's backend.batch_clients (default: 5 digits, 1 preresnet)")
+    parser.add_argument("--warm", action="store_true", help="the Ray side joins a head node started once, instead of starting Ray per run")
     parser.add_argument("--child", choices=["plain", "ray"])
     args = parser.parse_args()
     if args.batch_clients is None:
@@ -168,17 +205,18 @@ def main() -> None:
         print(json.dumps(outcome))
         return
     process, steady, memory = [], [], []
-    for i in range(args.repeats):
-        plain, ray = timed_child("plain", args), timed_child("ray", args)
-        process.append(ray["process"] / plain["process"])
-        steady.append(ray["steady_round"] / plain["steady_round"])
-        memory += ray["actor_memory"]
-        print(f"repeat {i}: process ray {ray['process']:.1f}s plain {plain['process']:.1f}s; steady round ray "
-              f"{ray['steady_round'] * 1000:.0f}ms (its wall_seconds {ray['wall_seconds'] * 1000:.0f}ms) plain "
-              f"{plain['steady_round'] * 1000:.0f}ms; accuracy ray {ray['accuracy']:.3f} plain {plain['accuracy']:.3f}; "
-              f"processes ray {ray['processes']} ({ray['actors']} client actors) plain {plain['processes']}", file=sys.stderr, flush=True)
+    with ray_environment(args.warm, args.actors) as ray_env:
+        for i in range(args.repeats):
+            plain, ray = timed_child("plain", args, dict(os.environ)), timed_child("ray", args, ray_env)
+            process.append(ray["process"] / plain["process"])
+            steady.append(ray["steady_round"] / plain["steady_round"])
+            memory += ray["actor_memory"]
+            print(f"repeat {i}: process ray {ray['process']:.1f}s plain {plain['process']:.1f}s; steady round ray "
+                  f"{ray['steady_round'] * 1000:.0f}ms (its wall_seconds {ray['wall_seconds'] * 1000:.0f}ms) plain "
+                  f"{plain['steady_round'] * 1000:.0f}ms; accuracy ray {ray['accuracy']:.3f} plain {plain['accuracy']:.3f}; "
+                  f"processes ray {ray['processes']} ({ray['actors']} client actors) plain {plain['processes']}", file=sys.stderr, flush=True)
     mib = {kind: statistics.median(m[kind] for m in memory) / 2**20 for kind in ("rss", "pss", "uss")}
-    print(f"workload={args.workload} actors={args.actors} batch_clients={args.batch_clients} "
+    print(f"workload={args.workload} ray={'warm' if args.warm else 'cold'} actors={args.actors} batch_clients={args.batch_clients} "
           f"actor_uss_mib={mib['uss']:.0f} actor_pss_mib={mib['pss']:.0f} actor_rss_mib={mib['rss']:.0f} "
           f"process_ratio={statistics.median(process):.3f} steady_round_ratio={statistics.median(steady):.3f} "
           f"processes_ray={ray['processes']} client_actors={ray['actors']} processes_plain={plain['processes']}")

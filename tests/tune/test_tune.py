@@ -235,16 +235,15 @@ print(json.dumps([row["status"] for row in outcome.results]))
 """
 
 
-@pytest.mark.slow
-def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tmp_path):
-    sweep, out = write_sweep(tmp_path), tmp_path / "out"
-    # Ctrl-C the sweep once Tune holds the first trial's first round (and its checkpoint): Tune stops
-    # the trials and saves its state, as after a Ctrl-C on `hfl tune`.
+def interrupted_sweep(sweep, out, ray_address, ready):
+    """Run `sweep` into `out` in a process and Ctrl-C it as soon as `ready()` returns something true;
+    (that value, the trial statuses the process printed)."""
     env = dict(cli_env(), RAY_ADDRESS=ray_address)
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), str(out)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), str(out)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
-        while not any(reported_rounds(path) for path in (out / "tune").glob("*/result.json")):
+        while not (seen := ready()):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
@@ -254,7 +253,15 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tm
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, stderr[-3000:]
-    statuses = json.loads(stdout.strip().splitlines()[-1])
+    return seen, json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tmp_path):
+    sweep, out = write_sweep(tmp_path), tmp_path / "out"
+    # Ctrl-C the sweep once Tune holds the first trial's first round (and its checkpoint): Tune stops
+    # the trials and saves its state, as after a Ctrl-C on `hfl tune`.
+    _, statuses = interrupted_sweep(sweep, out, ray_address, lambda: any(reported_rounds(p) for p in (out / "tune").glob("*/result.json")))
     assert "unfinished" in statuses  # trials not yet generated are not listed
 
     resumed = run_tune(str(sweep), out=str(out), resume=True)
@@ -298,24 +305,17 @@ def test_sweep_on_a_uri_leaves_every_file_there(finished, ray_address, tmp_path)
 def test_interrupted_sweep_on_a_uri_resumes_from_it(finished, ray_address, tmp_path):
     sweep, remote = write_sweep(tmp_path), tmp_path / "bucket" / "sweep"
     uri = f"file://{remote}"
-    env = dict(cli_env(), RAY_ADDRESS=ray_address)
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), uri], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while not (held := [path.parent.name for path in (remote / "tune").glob("*/result.json") if reported_rounds(path)]):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.05)
-        # A trial's run folder reaches the URI as each round ends, before Tune holds the round: not
-        # only when the trial ends, which a crash of the driver would never let it do.
-        assert all((remote / "trials" / trial / "metrics.jsonl").is_file() for trial in held), held
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "unfinished" in json.loads(stdout.strip().splitlines()[-1])
+
+    def held_and_uploaded():
+        """The trials Tune holds a round of, and whether each one's run folder was on the URI then."""
+        held = [path.parent.name for path in (remote / "tune").glob("*/result.json") if reported_rounds(path)]
+        return held and (held, all((remote / "trials" / trial / "metrics.jsonl").is_file() for trial in held))
+
+    (held, uploaded), statuses = interrupted_sweep(sweep, uri, ray_address, held_and_uploaded)
+    # A trial's run folder reaches the URI as each round ends, before Tune holds the round: not
+    # only when the trial ends, which a crash of the driver would never let it do.
+    assert uploaded, held
+    assert "unfinished" in statuses
 
     resumed = run_tune(str(sweep), out=uri, resume=True)
 
