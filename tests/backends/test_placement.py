@@ -1,9 +1,9 @@
-"""Pool sizes and GPU shares from the nodes a cluster advertises: decided without starting Ray."""
+"""Pool sizes and GPU shares from the nodes a cluster advertises (hfl/backends/placement.py): decided without Ray."""
 
 import pytest
 
 from hfl.accounting.amounts import ClientBudget
-from hfl.backends.ray import SHARED_POOL, PoolDemand, gpus_per_actor, pool_sizes
+from hfl.backends.placement import SHARED_POOL, PoolDemand, gpus_per_actor, pool_sizes
 from hfl.config import BackendConfig
 from hfl.errors import ConfigError
 
