@@ -156,28 +156,39 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     evaluate = Evaluator(env)
     budgets = env.budgets
 
+    def start(r: int) -> tuple[Any, TrainSettings, list[dict[str, Any]]]:
+        """Steps 1 and 2 of round `r`, and its training started: (what `backend.collect` takes, the
+        round's settings, the clients no sub-model fits)."""
+        # 1. cohort
+        cohort = sample_cohort(config, r)
+        # 2. plan: which sub-model and objective settings each client gets
+        settings = train_settings(fl, r)
+        planned = {
+            c: method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
+            for c in cohort
+        }
+        tasks = [task for task in planned.values() if task is not None]
+        skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
+        if not tasks:
+            log.warning("round %d: no sampled client's budget fits any sub-model of %s; the round trains nothing", r, config.method.name)
+        return backend.submit(state.global_state, tasks), settings, skipped
+
+    pending = None
     try:
         for r in range(state.round + 1, fl.rounds + 1):
             started = time.perf_counter()
-            # 1. cohort
-            cohort = sample_cohort(config, r)
-            # 2. plan: which sub-model and objective settings each client gets
-            settings = train_settings(fl, r)
-            planned = {
-                c: method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
-                for c in cohort
-            }
-            tasks = [task for task in planned.values() if task is not None]
-            skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
-            if not tasks:
-                log.warning("round %d: no sampled client's budget fits any sub-model of %s; the round trains nothing", r, config.method.name)
+            # 1-2. cohort and plan (done in the last round, where that round started this one's training)
+            submitted, settings, skipped = pending or start(r)
             # 3. local training
-            updates, failed = backend.run(state.global_state, tasks)
+            updates, failed = backend.collect(submitted)
             # 4. aggregation
             state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
             state.method_state = record_trained(state.method_state, updates)
-            # 5. evaluation of the global model
+            # The next round's clients start training now, while this round is evaluated, logged and
+            # checkpointed: on Ray they train elsewhere; the local backend trains them when collected.
             last = r == fl.rounds
+            pending = None if last else start(r + 1)
+            # 5. evaluation of the global model
             scores: dict[str, Any] = {"accuracy": None, "loss": None}
             if r % fl.eval_every == 0 or last:
                 scores = evaluate(state.global_state, method.global_model_spec(state.method_state))

@@ -79,8 +79,13 @@ def natural_clients(config: ExperimentConfig, data: TokenDataset) -> TokenDatase
 
 
 class Backend(Protocol):
-    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
-        """Train every task; returns the updates (in task order) and the failed clients (`id`, `reason`)."""
+    def submit(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> Any:
+        """Start training every task, from `global_state`; returns what `collect` takes. A backend
+        whose clients train elsewhere returns at once, so the driver can evaluate meanwhile."""
+        ...
+
+    def collect(self, submitted: Any) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+        """The submitted round's updates (in task order) and its failed clients (`id`, `reason`)."""
         ...
 
     def close(self) -> None: ...

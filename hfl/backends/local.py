@@ -16,8 +16,12 @@ class LocalBackend:
     def __init__(self, environment: ClientEnvironment) -> None:
         self.environment = environment
 
-    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+    def submit(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[StateDict, Sequence[ClientTask]]:
+        return global_state, tasks  # trained in `collect`: in this process there is nothing to overlap
+
+    def collect(self, submitted: tuple[StateDict, Sequence[ClientTask]]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
         # A client's error stops the run here: in-process runs are for debugging, so it surfaces.
+        global_state, tasks = submitted
         env = self.environment
         updates: dict[int, ClientUpdate] = {}
         for unit in env.work_units(tasks, env.config.backend.batch_clients):

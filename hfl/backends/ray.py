@@ -248,14 +248,16 @@ class RayBackend:
         return started
 
     # -- a round ------------------------------------------------------------------------------
-    def run(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+    def submit(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> RayRound:
+        """Start the round's clients on their pools' actors and return at once: the driver may
+        evaluate the last round meanwhile. `collect` waits for them."""
         state_ref = ray.put({k: v.cpu() for k, v in global_state.items()})  # once per round
         members: dict[str, list[int]] = {}
         for i, task in enumerate(tasks):
             members.setdefault(self.pool_of[task.ctx.client_id], []).append(i)
+        queues: dict[str, deque[list[int]]] = {}
         # Tier pools start first: an actor of the shared pool could otherwise take a CPU that only a
         # tier's node offers.
-        queues: dict[str, deque[list[int]]] = {}
         for name in sorted(members, key=lambda n: n == SHARED_POOL):
             pool = self.pools[name]
             # Replacements started late last round may still be starting: wait, so no client's
@@ -267,78 +269,14 @@ class RayBackend:
             mine = [tasks[i] for i in members[name]]
             units = self.environment.work_units(mine, self.config.backend.batch_clients, spread=len(pool.actors))
             queues[name] = deque([members[name][j] for j in unit] for unit in units)
-        results: dict[int, ClientUpdate] = {}
-        failed: list[dict[str, Any]] = []
-        # Per actor, the units sent to it in order: the first is training (since `since`), the
-        # others wait in the actor's queue, which runs them in order.
-        sent: dict[Any, deque[tuple[Any, list[int]]]] = {}
-        since: dict[Any, float] = {}
-        owner: dict[Any, tuple[str, Any]] = {}  # ref of a unit -> (pool, actor)
-        starting: dict[Any, tuple[str, Any]] = {}  # ready ref of a replacement actor -> (pool, actor)
-
-        def submit(name: str) -> None:
-            """Fill the pool's ready actors up to PIPELINE units each, one unit per actor at a time."""
-            ready = [a for a in self.pools[name].actors if (name, a) not in starting.values()]
-            for depth in range(1, self.PIPELINE + 1):
-                for actor in ready:
-                    if not queues[name]:
-                        return
-                    if len(sent.setdefault(actor, deque())) >= depth:
-                        continue
-                    unit = queues[name].popleft()
-                    ref = actor.train.remote([state_ref], [tasks[i] for i in unit])
-                    if not sent[actor]:
-                        since[actor] = time.monotonic()
-                    sent[actor].append((ref, unit))
-                    owner[ref] = (name, actor)
-
-        def lose(name: str, actor: Any, failure: Callable[[ClientTask], dict[str, Any]]) -> None:
-            """The actor is gone: its training unit failed, the units waiting on it go back to the
-            pool's queue, and a fresh actor takes its place once it is ready, so its start-up
-            never counts against a client's timeout."""
-            units = sent.pop(actor)
-            failed.extend(failure(tasks[i]) for i in units[0][1])
-            for ref, unit in reversed(units):
-                owner.pop(ref, None)
-                if unit is not units[0][1]:
-                    queues[name].appendleft(unit)
-            pool = self.pools[name]
-            fresh = self.remote_actor.options(**pool.options).remote(self.config)
-            pool.actors[pool.actors.index(actor)] = fresh
-            starting[fresh.ready.remote()] = (name, fresh)
-
+        round_ = RayRound(self, tasks, state_ref, queues)
         for name in queues:
-            submit(name)
-        while owner or (starting and any(queues.values())):
-            done, _ = ray.wait([*owner, *starting], num_returns=1, timeout=1.0)
-            for ref in done:
-                if ref in starting:
-                    submit(starting.pop(ref)[0])
-                    continue
-                if ref not in owner:  # a unit requeued when its actor died
-                    continue
-                name, actor = owner.pop(ref)
-                unit = next(u for r, u in sent[actor] if r == ref)
-                try:
-                    results.update(zip(unit, ray.get(ref)))
-                except ray.exceptions.RayActorError as error:
-                    lose(name, actor, lambda task, error=error: self._failure(task, "actor died", error))
-                    submit(name)
-                    continue
-                except Exception as error:  # noqa: BLE001 - the client's own error (including CUDA out of memory)
-                    failed.extend(self._failure(tasks[i], "raised", error) for i in unit)
-                sent[actor].remove((ref, unit))
-                since[actor] = time.monotonic()  # the actor's next unit starts now
-                submit(name)
-            if self.timeout:
-                now = time.monotonic()
-                for actor, units in list(sent.items()):
-                    if units and now - since[actor] > self.timeout * len(units[0][1]):
-                        name, _ = owner[units[0][0]]
-                        ray.kill(actor)
-                        lose(name, actor, lambda task: {"id": task.ctx.client_id, "reason": f"timed out after {self.timeout:g}s"})
-                        submit(name)
-        return [results[i] for i in sorted(results)], failed
+            round_.submit(name)
+        return round_
+
+    def collect(self, round_: RayRound) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+        """The updates of a submitted round (in task order) and its failed clients."""
+        return round_.wait()
 
     @staticmethod
     def _failure(task: ClientTask, kind: str, error: BaseException) -> dict[str, Any]:
@@ -352,3 +290,82 @@ class RayBackend:
         for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
             ray.kill(actor)
         self.pools.clear()
+
+
+class RayRound:
+    """One round's clients in flight on a RayBackend's actors, with what a failure needs to requeue them."""
+
+    def __init__(self, backend: RayBackend, tasks: Sequence[ClientTask], state_ref: ray.ObjectRef, queues: dict[str, deque[list[int]]]) -> None:
+        self.backend, self.tasks, self.state_ref, self.queues = backend, tasks, state_ref, queues
+        self.results: dict[int, ClientUpdate] = {}
+        self.failed: list[dict[str, Any]] = []
+        self.sent: dict[Any, deque[tuple[Any, list[int]]]] = {}
+        """Per actor, the units sent to it in order: the first is training (since `since`), the
+        others wait in the actor's queue, which runs them in order."""
+        self.since: dict[Any, float] = {}
+        self.owner: dict[Any, tuple[str, Any]] = {}  # ref of a unit -> (pool, actor)
+        self.starting: dict[Any, tuple[str, Any]] = {}  # ready ref of a replacement actor -> (pool, actor)
+
+    def submit(self, name: str) -> None:
+        """Fill the pool's ready actors up to PIPELINE units each, one unit per actor at a time."""
+        ready = [a for a in self.backend.pools[name].actors if (name, a) not in self.starting.values()]
+        for depth in range(1, self.backend.PIPELINE + 1):
+            for actor in ready:
+                if not self.queues[name]:
+                    return
+                if len(self.sent.setdefault(actor, deque())) >= depth:
+                    continue
+                unit = self.queues[name].popleft()
+                ref = actor.train.remote([self.state_ref], [self.tasks[i] for i in unit])
+                if not self.sent[actor]:
+                    self.since[actor] = time.monotonic()
+                self.sent[actor].append((ref, unit))
+                self.owner[ref] = (name, actor)
+
+    def lose(self, name: str, actor: Any, failure: Callable[[ClientTask], dict[str, Any]]) -> None:
+        """The actor is gone: its training unit failed, the units waiting on it go back to the
+        pool's queue, and a fresh actor takes its place once it is ready, so its start-up never
+        counts against a client's timeout."""
+        units = self.sent.pop(actor)
+        self.failed.extend(failure(self.tasks[i]) for i in units[0][1])
+        for ref, unit in reversed(units):
+            self.owner.pop(ref, None)
+            if unit is not units[0][1]:
+                self.queues[name].appendleft(unit)
+        pool = self.backend.pools[name]
+        fresh = self.backend.remote_actor.options(**pool.options).remote(self.backend.config)
+        pool.actors[pool.actors.index(actor)] = fresh
+        self.starting[fresh.ready.remote()] = (name, fresh)
+
+    def wait(self) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
+        timeout = self.backend.timeout
+        while self.owner or (self.starting and any(self.queues.values())):
+            done, _ = ray.wait([*self.owner, *self.starting], num_returns=1, timeout=1.0)
+            for ref in done:
+                if ref in self.starting:
+                    self.submit(self.starting.pop(ref)[0])
+                    continue
+                if ref not in self.owner:  # a unit requeued when its actor died
+                    continue
+                name, actor = self.owner.pop(ref)
+                unit = next(u for r, u in self.sent[actor] if r == ref)
+                try:
+                    self.results.update(zip(unit, ray.get(ref)))
+                except ray.exceptions.RayActorError as error:
+                    self.lose(name, actor, lambda task, error=error: RayBackend._failure(task, "actor died", error))
+                    self.submit(name)
+                    continue
+                except Exception as error:  # noqa: BLE001 - the client's own error (including CUDA out of memory)
+                    self.failed.extend(RayBackend._failure(self.tasks[i], "raised", error) for i in unit)
+                self.sent[actor].remove((ref, unit))
+                self.since[actor] = time.monotonic()  # the actor's next unit starts now
+                self.submit(name)
+            if timeout:
+                now = time.monotonic()
+                for actor, units in list(self.sent.items()):
+                    if units and now - self.since[actor] > timeout * len(units[0][1]):
+                        name, _ = self.owner[units[0][0]]
+                        ray.kill(actor)
+                        self.lose(name, actor, lambda task: {"id": task.ctx.client_id, "reason": f"timed out after {timeout:g}s"})
+                        self.submit(name)
+        return [self.results[i] for i in sorted(self.results)], self.failed
