@@ -52,6 +52,37 @@ def filesystem(uri: str, field: str) -> tuple[Any, str]:
         raise ConfigError(field, uri, f"a local folder or a URI pyarrow.fs can open ({str(error).splitlines()[0]})") from None
 
 
+# -- single files at a local path or a URI (a sweep's own files) ------------------------------
+def join(location: str, *parts: str) -> str:
+    """`location`/`parts`; a URI keeps its `//`."""
+    return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
+
+
+def read_text(location: str) -> str | None:
+    """The text of the file at a local path or URI; None where there is no such file."""
+    from pyarrow import fs
+
+    files, path = filesystem(location, "--out")
+    if files.get_file_info(path).type != fs.FileType.File:
+        return None
+    with files.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def write_text(location: str, text: str) -> None:
+    files, path = filesystem(location, "--out")
+    files.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with files.open_output_stream(path) as f:
+        f.write(text.encode())
+
+
+def is_dir(location: str) -> bool:
+    from pyarrow import fs
+
+    files, path = filesystem(location, "--out")
+    return files.get_file_info(path).type == fs.FileType.Directory
+
+
 class Mirror:
     """A local folder copied to a URI file by file, each file only when it changed since the last copy."""
 

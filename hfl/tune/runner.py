@@ -45,7 +45,7 @@ from hfl.checkpoint import CHECKPOINT
 from hfl.config import ExperimentConfig, config_from_dict, flatten
 from hfl.errors import ConfigError
 from hfl.loggers import METRICS, read_metrics
-from hfl.storage import check_job_location, filesystem, is_uri, staged
+from hfl.storage import check_job_location, is_dir, is_uri, join, read_text, staged, write_text
 from hfl.tune.space import Sweep, load_sweep, trial_values
 
 log = logging.getLogger(__name__)
@@ -76,37 +76,6 @@ class TuneOutcome:
     def incomplete(self) -> list[str]:
         """Trials that failed or were interrupted: a resumed sweep continues them."""
         return [row["trial_id"] for row in self.results if row["status"] in ("error", "unfinished")]
-
-
-# -- a local folder or a URI ----------------------------------------------------------------------
-def join(location: str, *parts: str) -> str:
-    """`location`/`parts`; a URI keeps its `//`."""
-    return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
-
-
-def read_text(location: str) -> str | None:
-    """The text of the file at a local path or URI; None where there is no such file."""
-    from pyarrow import fs
-
-    files, path = filesystem(location, "--out")
-    if files.get_file_info(path).type != fs.FileType.File:
-        return None
-    with files.open_input_stream(path) as f:
-        return f.read().decode()
-
-
-def write_text(location: str, text: str) -> None:
-    files, path = filesystem(location, "--out")
-    files.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with files.open_output_stream(path) as f:
-        f.write(text.encode())
-
-
-def is_dir(location: str) -> bool:
-    from pyarrow import fs
-
-    files, path = filesystem(location, "--out")
-    return files.get_file_info(path).type == fs.FileType.Directory
 
 
 # -- inside a trial -------------------------------------------------------------------------------
