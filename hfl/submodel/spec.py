@@ -118,8 +118,8 @@ def extract(global_state: Mapping[str, Tensor], spec: SubmodelSpec) -> dict[str,
         dims = spec.indices.get(key)
         if dims:
             tensor = tensor[_region(tensor.shape, dims)]
-        if key in spec.masks:
-            tensor = tensor * spec.masks[key]
+        if key in spec.masks:  # masks live with the method's state on the CPU; the weights may be on a GPU
+            tensor = tensor * spec.masks[key].to(tensor.device)
         out[key] = tensor
     return out
 
@@ -139,7 +139,7 @@ def scatter(
         if key not in update:
             continue
         region = _region(tensor.shape, spec.indices.get(key) or {})
-        held = spec.masks[key] if key in spec.masks else torch.ones_like(update[key], dtype=torch.bool)
+        held = spec.masks[key].to(tensor.device) if key in spec.masks else torch.ones_like(update[key], dtype=torch.bool)
         values[spec.global_key(key)][region] = update[key] * held
         coverage[spec.global_key(key)][region] = held
     return values, coverage
@@ -154,7 +154,7 @@ def hold_rows(spec: SubmodelSpec, client_state: Mapping[str, Tensor], keys: Iter
             continue
         held = torch.zeros_like(client_state[key], dtype=torch.bool)
         held[rows] = True
-        masks[key] = masks[key] & held if key in masks else held
+        masks[key] = masks[key].to(held.device) & held if key in masks else held
     return replace(spec, masks=masks)
 
 

@@ -122,3 +122,22 @@ def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(tmp_path, method):
         held = m.client_state(global_state, spec)
         m.client_model(spec).load_state_dict(held, strict=True)
         assert keys_by_shape.setdefault(spec.shape, set(held)) == set(held), spec.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_method_runs_a_round_on_cuda(tmp_path, method):
+    """The CPU contract on a GPU: every method's state, masks and aggregation meet the weights on
+    the device (the sparse methods' CPU masks against CUDA weights once stopped every such run), and
+    every client-round's peak is measured there."""
+    import dataclasses
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = fair_config(method, rounds=1, model="cnn", tmp_path=tmp_path)
+    config = dataclasses.replace(config, backend=dataclasses.replace(config.backend, device="cuda"))
+    summary = run_experiment(config, tmp_path / "run")
+    assert summary["client_rounds"] > 0 and summary["failed_client_rounds"] == 0
+    assert summary["max_measured_peak_bytes"] > 0

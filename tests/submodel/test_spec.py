@@ -107,3 +107,22 @@ def test_places_map_client_models_to_models_of_the_global_state():
         assert bool(coverage[key].all()) == held and (not held or torch.equal(values[key], tensor))
     with pytest.raises(ValueError, match="places"):
         SubmodelSpec(prefix="x.", places=(("c.0.", "m.0."),))
+
+
+def test_masks_on_the_cpu_meet_weights_on_another_device():
+    """A sparse method's masks stay on the CPU with its state while the weights and updates may be on
+    a GPU (the meta device stands in for it here: it refuses CPU operands just as CUDA does)."""
+    from hfl.submodel.spec import hold_rows
+
+    weight = torch.ones(3, 4)
+    masks = {"w": torch.tensor([[True, False, True, False]] * 3)}
+    spec = SubmodelSpec(masks=masks)
+    on_device = {"w": weight.to("meta")}
+    assert extract(on_device, spec)["w"].device.type == "meta"
+    values, coverage = scatter(on_device, spec, on_device)
+    assert values["w"].device.type == coverage["w"].device.type == "meta"
+    held = hold_rows(spec, on_device, ["w"], torch.tensor([0]))
+    assert held.masks["w"].device.type == "meta"
+    # The values themselves, on the CPU: masked entries zeroed and not covered.
+    values, coverage = scatter(extract({"w": weight}, spec), spec, {"w": weight})
+    assert torch.equal(values["w"], masks["w"].float()) and torch.equal(coverage["w"], masks["w"])
