@@ -51,9 +51,10 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask | None) -> None:
     The budget covers the client model's weights, as the estimate and the measurement do. The
     allocator caps the memory it reserves from the device, so its cache is emptied first: free
     cached blocks would otherwise be headroom outside the cap."""
-    device = env.device
-    if device.type != "cuda":
+    if env.device.type != "cuda":
         return
+    # An index: set_per_process_memory_fraction refuses a bare torch.device("cuda").
+    device = env.device.index if env.device.index is not None else torch.cuda.current_device()
     torch.cuda.set_per_process_memory_fraction(1.0, device)  # the last client's cap must not bind this one's set-up
     budget = task.ctx.budget.memory_bytes if task is not None and task.ctx.budget else None
     if budget is None:

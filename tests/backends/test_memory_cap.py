@@ -14,9 +14,17 @@ MiB = 2**20
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """torch.cuda as seen by the cap: 80 GiB, 300 MiB reserved by the process; records the fractions set."""
+    """torch.cuda as seen by the cap: 80 GiB, 300 MiB reserved by the process, current device 0;
+    records the fractions set, and, as torch does on a GPU, refuses a device without an index."""
     calls = []
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: calls.append(fraction))
+
+    def set_fraction(fraction, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append(fraction)
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 300 * MiB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * 1024 * MiB))
