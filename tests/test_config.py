@@ -7,7 +7,7 @@ import pytest
 
 from hfl.config import FLConfig, load_config
 from hfl.errors import ConfigError
-from tests.conftest import QUICKSTART, ROOT, cli_env
+from tests.conftest import QUICKSTART, ROOT, cli_env, small_config
 
 
 def test_quickstart_loads_with_typed_overrides():
@@ -117,3 +117,18 @@ def test_exponent_notation_without_a_dot_is_a_number():
     assert load_config(QUICKSTART, ["fl.lr=1E2"]).fl.lr == 100.0
     with pytest.raises(ConfigError, match="fl.lr"):
         load_config(QUICKSTART, ["fl.lr=fast"])
+
+
+@pytest.mark.parametrize(("choice", "budgets", "expected"), [
+    ("auto", {}, True), ("auto", {"scenario": "fair"}, False), ("on", {"scenario": "fair"}, True), ("off", {}, False)])
+def test_cudnn_is_off_where_budgets_are_measured_unless_chosen(choice, budgets, expected):
+    """cuDNN's workspace is no tensor: with budgets (auto) clients train without it, so that the
+    measured and capped peak is what the estimate counts (benchmarks/RESULTS.md, GPU section)."""
+    from hfl.backends.base import uses_cudnn
+
+    assert uses_cudnn(small_config(backend={"device": "cpu", "cudnn": choice}, budgets=budgets)) is expected
+
+
+def test_an_unknown_cudnn_choice_names_the_field_and_the_choices():
+    with pytest.raises(ConfigError, match=r"backend\.cudnn.*'sometimes'.*auto, on, off"):
+        small_config(backend={"cudnn": "sometimes"})

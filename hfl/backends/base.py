@@ -99,6 +99,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def uses_cudnn(config: ExperimentConfig) -> bool:
+    """Whether clients on CUDA run cuDNN (`backend.cudnn`; auto: not where budgets are enforced)."""
+    choice = config.backend.cudnn
+    return choice == "on" or (choice == "auto" and not config.budgets.enabled)
+
+
 def warm_up_cuda(device: torch.device) -> None:
     """Start cuBLAS (and cuBLASLt) and cuDNN on `device` with one small training step. Their
     handles and persistent workspaces (cuBLAS keeps one per stream, several MiB) belong to the
@@ -142,6 +148,7 @@ class ClientEnvironment:
         device = device or resolve_device(config.backend.device)
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
+            torch.backends.cudnn.enabled = uses_cudnn(config)
             warm_up_cuda(device)
         d = config.data
         data = load_dataset(d.name, d.root, d.cache_dir, d.download, test_fraction=d.test_fraction, classes=d.classes, seq_len=d.seq_len, stride=d.stride)
