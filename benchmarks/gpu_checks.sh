@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Every GPU check of hfl in one go, for a machine with CUDA (CI never runs it):
-#   1. the memory-accounting table (estimate vs torch.cuda.max_memory_allocated),
+#   1. the memory-accounting table (estimate vs torch.cuda.max_memory_allocated), with cuDNN off as
+#      hfl trains budgeted clients, and with it on for the workspace it adds,
 #   2. the tests marked gpu,
-#   3. clients per second at FeDepth's client setting, and several clients at once on one GPU,
-#   4. hfl's LocalBackend vs a plain PyTorch loop on the GPU.
+#   3. hfl's LocalBackend vs a plain PyTorch loop on the GPU,
+#   4. clients per second at FeDepth's client setting, and several clients at once on one GPU,
+#   5. with --ray, one `hfl run` whose first client's memory budget is too small for its training.
 # Each step has a time limit, so one that hangs leaves the others their time; everything goes to
 # OUT (a folder) and the console. Run from the repository root:
 #
 #   benchmarks/gpu_checks.sh OUT [--ray]        # --ray: also Ray actors sharing the GPU
 #
-# CIFAR-10 is read from $HFL_DATA/cifar10_jpeg (see the README); 10,000 training images suffice.
+# CIFAR-10 is read from $HFL_DATA/cifar10_jpeg (see the README; 10,000 training images suffice) and
+# Shakespeare from $HFL_DATA/shakespeare. Steps run in order of value and their limits add up to
+# 9 minutes, so that one call of a 10-minute GPU lease does them all.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_checks.sh OUT [--ray]}
 RAY=${2:-}
@@ -32,9 +36,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT/NAME
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
-step memory 200 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
-step tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider
-step clients 180 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 5 --json "$OUT/clients.json" $RAY
-step throughput 120 "$PY" benchmarks/throughput.py --device cuda --repeats 1  # both drivers: fast and lightning
+step memory 120 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
+step memory_cudnn 50 "$PY" benchmarks/memory_accuracy.py --device cuda --cudnn on --kinds whole,fedepth --json "$OUT/memory_cudnn.json"
+step tests 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider
+step throughput 90 "$PY" benchmarks/throughput.py --device cuda --repeats 2 --rounds 10  # both drivers: fast and lightning
+step clients 150 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --json "$OUT/clients.json" $RAY
+[ -z "$RAY" ] || step budget_run 60 "$PY" benchmarks/gpu_budget_run.py
 
 echo "failed steps: ${failed[*]:-none}"

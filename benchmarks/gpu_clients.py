@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20, help="clients the training set is split over (500 samples each fit 10,000 images)")
     parser.add_argument("--ray", action="store_true", help="also run the Ray actors (needs Ray)")
     parser.add_argument("--skip-setting", action="store_true")
+    parser.add_argument("--skip-batched", action="store_true", help="with --ray: only the Ray actors against one at a time")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     results: dict[str, Any] = {"setting": [], "concurrency": []}
@@ -148,7 +149,7 @@ def main() -> None:
     base = sequential["client_rounds_per_s"]
     results["sequential"] = {k: v for k, v in sequential.items() if k != "state"}
     log(f"one at a time: {base:.2f} client-rounds/s, utilisation {sequential['gpu_utilisation']}")
-    modes = ["batched", *(["ray"] if args.ray else [])]
+    modes = [*([] if args.skip_batched else ["batched"]), *(["ray"] if args.ray else [])]
     for mode in modes:
         for n in (1, 2, 4, 8, 16):
             backend = ({"batch_clients": n} if mode == "batched"

@@ -12,10 +12,15 @@ CIFAR-shaped data (3x32x32, 10 classes; memory does not depend on pixel values),
 Rows: PreResNet-20, ResNet-18 and the ViT at widths 1, 1/2, 1/4 and batches 32 and 128 (FedAvg:
 the client trains the whole model); FeDepth's block groups under `fair` budgets (each tier's
 client, PreResNet-20) and its unit, one block trained alone (the first, a middle and the last);
-and a frozen prefix (the stem and the first half of the blocks
-frozen, CAFF-style) for each model at width 1.
+a frozen prefix (the stem and the first half of the blocks frozen, CAFF-style) for each model at
+width 1; FedMef's client (PreResNet-20 at density 0.1, scaled activation pruning s = 0.9); and
+CAFF's GPT family (l = 3, 6, 9, 12 blocks, whole and with a frozen prefix) on Shakespeare windows
+of 256 characters, read from $HFL_DATA/shakespeare.
 
-    python benchmarks/memory_accuracy.py [--device cuda] [--json out.json] [--quick]
+    python benchmarks/memory_accuracy.py [--device cuda] [--cudnn off|on] [--json out.json] [--quick] [--kinds whole,gpt,...]
+
+`--cudnn on` measures with cuDNN's convolutions, whose workspace (no tensor) the estimate does not
+count; hfl turns cuDNN off where budgets are enforced (`backend.cudnn`), and so does this table by default.
 
 Prints a Markdown table; the last line gives the largest |estimate/measured - 1|.
 """
@@ -34,26 +39,33 @@ import torch
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker
 from hfl.backends.base import ClientEnvironment
 from hfl.config import config_from_dict
+from hfl.methods.base import describe_task
+from hfl.methods.fedepth import Layout
 from hfl.server import initial_state, train_settings
 from hfl.submodel.spec import freeze, full_spec
 from hfl.types import ClientTask, RoundContext
 
 MODELS = ("preresnet20", "resnet18", "vit")
+GPTS = ("gpt_l3", "gpt_l6", "gpt_l9", "gpt")
+KINDS = ("whole", "frozen prefix", "fedepth", "fedmef", "gpt")
 WIDTHS = (1.0, 0.5, 0.25)
 BATCHES = (32, 128)
 MiB = 2**20
 
 
-def experiment(model: str, width: float, batch: int, device: str, method: str = "fedavg", budgets: str = "none"):
+def experiment(model: str, width: float, batch: int, device: str, cudnn: str, method: str = "fedavg", budgets: str = "none"):
+    # Text: one window per 256 characters (stride = seq_len) keeps a client-round to a few batches.
+    data = ({"name": "shakespeare", "partition": "natural", "seq_len": 256, "stride": 256} if model.startswith("gpt")
+            else {"name": "synthetic", "partition": "iid"})
     return config_from_dict({
         "name": "memory-accuracy",
-        "data": {"name": "synthetic", "partition": "iid"},
+        "data": data,
         "model": {"name": model, "width": width},
         "method": {"name": method},
         "budgets": {"scenario": budgets},
         "fl": {"rounds": 1, "clients": 4, "fraction": 1.0, "local_epochs": 1, "batch_size": batch, "lr": 0.05,
                "momentum": 0.9, "weight_decay": 5e-4},
-        "backend": {"device": device, "threads": 8},
+        "backend": {"device": device, "threads": 8, "cudnn": cudnn},
     })
 
 
@@ -89,32 +101,40 @@ def fedepth_stage(env: ClientEnvironment, ctx: RoundContext, block: int) -> Clie
     method = env.method
     trained = method.stage_parameters(method.model, (block, block))
     untrained = [k for k in method.model.state_dict() if k not in trained]
-    return ClientTask(ctx, freeze(full_spec(), untrained), {"groups": ((block, block),), "models": 1, "skipped": ()})
+    return ClientTask(ctx, freeze(full_spec(), untrained), Layout(1, ((block, block),), ()))
 
 
-def rows(device: str, quick: bool) -> list[dict[str, Any]]:
+def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = "off") -> list[dict[str, Any]]:
     models = MODELS[:1] if quick else MODELS
     widths = WIDTHS[:1] if quick else WIDTHS
     batches = BATCHES[:1] if quick else BATCHES
+    gpts = GPTS[:1] if quick else GPTS
     plans = [(m, w, b, "whole") for m in models for w in widths for b in batches]
     plans += [(m, 1.0, b, "frozen prefix") for m in models for b in batches]
     plans += [(m, 1.0, b, "fedepth") for m in models[:1] for b in batches]
+    plans += [(m, 1.0, b, "fedmef") for m in models[:1] for b in batches]
+    plans += [(m, 1.0, b, "whole") for m in gpts for b in batches[:1]] + [("gpt", 1.0, b, "whole") for b in batches[1:]]
+    plans += [("gpt", 1.0, b, "frozen prefix") for b in batches]
+    plans = [p for p in plans if (p[3] if not p[0].startswith("gpt") else "gpt") in kinds]
     out = []
     for model, width, batch, kind in plans:
         started = time.perf_counter()
         fedepth = kind == "fedepth"
-        config = experiment(model, width, batch, device, "fedepth" if fedepth else "fedavg", "fair" if fedepth else "none")
+        method = kind if kind in ("fedepth", "fedmef") else "fedavg"
+        config = experiment(model, width, batch, device, cudnn, method, "fair" if fedepth else "none")
         env = ClientEnvironment.from_config(config)
-        state = {k: v.to(env.device) for k, v in initial_state(config, env).global_state.items()}
+        state = initial_state(config, env).global_state  # on the device, as the server holds it
         settings = train_settings(config.fl, 1)
+        method_state = env.method.init_state()
         tasks = []
         for client in range(config.fl.clients) if fedepth else range(1):
             ctx = RoundContext(1, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
-            task = env.method.plan(ctx, {})
+            task = env.method.plan(ctx, method_state)
             if task is None:
                 print(f"{model} b{batch} fedepth {ctx.budget.tier}: sits out (no block fits its budget)", file=sys.stderr)
                 continue
-            tasks.append((f"FeDepth {ctx.budget.tier}: {env.method.describe_task(task)}" if fedepth else kind,
+            tasks.append((f"FeDepth {ctx.budget.tier}: {describe_task(task)}" if fedepth
+                          else "FedMef, density 0.1, SAP s=0.9" if kind == "fedmef" else kind,
                           frozen_prefix(env, task) if kind == "frozen prefix" else task))
         if fedepth:
             ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), settings, None)
@@ -148,8 +168,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--json", default="")
     parser.add_argument("--quick", action="store_true", help="one model, width and batch per kind")
+    parser.add_argument("--cudnn", default="off", choices=["off", "on"],
+                        help="backend.cudnn: off, as hfl trains clients with budgets; on adds cuDNN's workspace to the measurement")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     args = parser.parse_args()
-    found = rows(args.device, args.quick)
+    kinds = tuple(args.kinds.split(","))
+    if not set(kinds) <= set(KINDS):
+        parser.error(f"--kinds {args.kinds!r}: a comma-separated subset of {', '.join(KINDS)}")
+    found = rows(args.device, args.quick, kinds, args.cudnn)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "rows": found}, f, indent=1)
