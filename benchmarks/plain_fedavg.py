@@ -38,6 +38,21 @@ def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Ten
             optimizer.step()
 
 
+def fedavg_round(model: nn.Module, global_state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 client_indices: list[torch.Tensor], epochs: int, batch_size: int, lr: float) -> dict[str, torch.Tensor]:
+    """One FedAvg round: each client trains from the global state; the sample-weighted mean of their
+    states (averaged in float32, so integer buffers such as batch norm's counters average too)."""
+    total = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in global_state.items()}
+    weight = 0
+    for idx in client_indices:
+        model.load_state_dict(global_state)
+        local_sgd(model, x, y, idx, epochs, batch_size, lr)
+        for k, v in model.state_dict().items():
+            total[k] += v.float() * len(idx)
+        weight += len(idx)
+    return {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+
+
 def run_plain(seed: int = 0, device: str = "cpu", rounds: int = ROUNDS) -> tuple[float, float, list[float]]:
     """(seconds, final accuracy, seconds of each round: from its start to the next round's start,
     the last to the end of the loop, so that every round's work is counted, evaluation included)."""
@@ -62,16 +77,8 @@ def run_plain(seed: int = 0, device: str = "cpu", rounds: int = ROUNDS) -> tuple
     starts = []
     for _ in range(rounds):
         starts.append(time.perf_counter())
-        total = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        weight = 0
-        for c in rng.choice(CLIENTS, PER_ROUND, replace=False):
-            model.load_state_dict(global_state)
-            idx = parts[c]
-            local_sgd(model, x, y, idx, EPOCHS, BATCH, LR)
-            for k, v in model.state_dict().items():
-                total[k] += v * len(idx)
-            weight += len(idx)
-        global_state = {k: v / weight for k, v in total.items()}
+        global_state = fedavg_round(model, global_state, x, y, [parts[c] for c in rng.choice(CLIENTS, PER_ROUND, replace=False)],
+                                    EPOCHS, BATCH, LR)
         model.load_state_dict(global_state)
         model.eval()
         with torch.no_grad():

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import torch
-from plain_fedavg import local_sgd
+from plain_fedavg import fedavg_round
 
 from hfl.models.resnet import preresnet20
 
@@ -35,16 +35,8 @@ def run_plain(seed: int = 0, rounds: int = ROUNDS) -> tuple[float, float, list[f
     starts, accuracy = [], float("nan")
     for r in range(1, rounds + 1):
         starts.append(time.perf_counter())
-        total = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in global_state.items()}
-        weight = 0
-        for c in rng.choice(CLIENTS, PER_ROUND, replace=False):
-            model.load_state_dict(global_state)
-            idx = parts[c]
-            local_sgd(model, x, y, idx, EPOCHS, BATCH, LR)
-            for k, v in model.state_dict().items():
-                total[k] += v.float() * len(idx)
-            weight += len(idx)
-        global_state = {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+        global_state = fedavg_round(model, global_state, x, y, [parts[c] for c in rng.choice(CLIENTS, PER_ROUND, replace=False)],
+                                    EPOCHS, BATCH, LR)
         if r % EVAL_EVERY == 0 or r == rounds:
             model.load_state_dict(global_state)
             model.eval()
