@@ -36,6 +36,20 @@ def scaled_channels(base: int, width: float, unit: int = 1) -> int:
     return unit * max(1, math.ceil(base // unit * width - 1e-6))
 
 
+class ConstantStep(nn.Module):
+    """A step size that is a fixed number (see `ResidualBlock.fix_step_sizes`)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self) -> float:
+        return self.value
+
+    def extra_repr(self) -> str:
+        return f"{self.value:g}"
+
+
 class ResidualBlock(nn.Module):
     """A body block computing Y + s * F(Y), with one step size s per residual branch (`step_names`).
 
@@ -63,6 +77,14 @@ class ResidualBlock(nn.Module):
         like = next(self.parameters())
         for name in self.step_names:
             setattr(self, name, nn.Parameter(torch.tensor(float(value), dtype=like.dtype, device=like.device)))
+
+    def fix_step_sizes(self, value: float) -> None:
+        """Scale every residual branch of this block by the constant `value` (NF-ResNets' α): no
+        parameter, nothing in the state dict, and nothing kept for backward beyond the branch's own."""
+        for name in self.step_names:
+            if name in self._parameters:
+                delattr(self, name)  # a parameter slot takes no module
+            setattr(self, name, ConstantStep(value))
 
     @staticmethod
     def scaled(branch: Tensor, step: Tensor | nn.Module | None) -> Tensor:

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from hfl.pruning.nsconv import (
     NSConv2d,
-    effective_scale,
     effective_weight,
     standardization_backward,
 )
@@ -82,7 +81,7 @@ class _PrunedInputConv2d(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_w = torch.nn.grad.conv2d_weight(decompress(values, positions, ctx.shape), weight.shape, grad_out, *args)
             if mask is not None:  # through the standardisation to the stored weight
-                grad_w = standardization_backward(weight, mask, grad_w, effective_scale(weight, ctx.gamma))
+                grad_w = standardization_backward(weight, mask, grad_w, ctx.gamma)
         grad_b = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None
 

@@ -30,10 +30,16 @@ def _flat_mask(like: Tensor, positions: Tensor) -> Tensor:
     return out.view(like.shape)
 
 
+def droppable(mask: Tensor, count: int) -> int:
+    """ξ as the server applies it to a layer: at most its pruned entries, which are all that can grow
+    back in their place (none in a layer ERK keeps dense)."""
+    return min(count, mask.numel() - int(mask.sum()))
+
+
 def lowest_magnitude(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor], counts: Mapping[str, int]) -> dict[str, Tensor]:
-    """FedMef's θ_low as masks: per layer the `counts[key]` kept entries of smallest |θ| (the ones
-    the server will drop next, which budget-aware extrusion shrinks)."""
-    return {k: _flat_mask(m, _smallest_active(weights[k], m, counts[k])) for k, m in masks.items()}
+    """FedMef's θ_low as masks: per layer the kept entries of smallest |θ| that the server will drop
+    next (`droppable` of `counts[key]`), which budget-aware extrusion shrinks."""
+    return {k: _flat_mask(m, _smallest_active(weights[k], m, droppable(m, counts[k]))) for k, m in masks.items()}
 
 
 def prune_and_grow(
@@ -46,7 +52,7 @@ def prune_and_grow(
     capped by the number of pruned entries, so each layer keeps its count of kept entries."""
     new_masks, new_weights = {}, dict(weights)
     for key, mask in masks.items():
-        count = min(counts[key], mask.numel() - int(mask.sum()))
+        count = droppable(mask, counts[key])
         new = mask.clone()
         flat = new.view(-1)
         flat[_smallest_active(weights[key], mask, count)] = False

@@ -20,10 +20,11 @@ MASK = torch.tensor([True, True, True, False]).view(1, 4, 1, 1)
 
 
 def test_issue_example():
-    # kept [1, 2, 3]: μ = 2, population σ = √(2/3); √c_in = 2 → ±2·√1.5 = ±2.449; the pruned 100 is ignored
+    # kept [1, 2, 3]: μ = 2, population σ = √(2/3), z = ±√1.5; c_in is the 3 kept entries, so
+    # θ̂ = √3·z = ±2.121 and the applied weight θ̂/3 = ±0.7071; the pruned 100 is ignored
     theta_hat = standardized_filters(FILTER, MASK, gamma=1.0).flatten()
-    torch.testing.assert_close(theta_hat, torch.tensor([-2.449490, 0.0, 2.449490, 0.0]), atol=1e-4, rtol=0)
-    torch.testing.assert_close(effective_weight(FILTER, MASK, gamma=1.0).flatten(), torch.tensor([-0.612372, 0.0, 0.612372, 0.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(theta_hat, torch.tensor([-2.121320, 0.0, 2.121320, 0.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(effective_weight(FILTER, MASK, gamma=1.0).flatten(), torch.tensor([-0.707107, 0.0, 0.707107, 0.0]), atol=1e-4, rtol=0)
 
 
 def test_filters_are_standardised_one_by_one():
@@ -97,13 +98,12 @@ def test_applied_weights_give_the_dense_gradient_the_stored_weights_mask():
 
 
 def reference_effective_weight(weight, mask, gamma):
-    """Eq. 7 over c_in written out, differentiated by autograd."""
+    """Eq. 7 over c_in (each filter's kept entries) written out, differentiated by autograd."""
     flat, keep = weight.flatten(1), mask.flatten(1).to(weight.dtype)
     count = keep.sum(1, keepdim=True)
     mean = (flat * keep).sum(1, keepdim=True) / count
     sigma = torch.sqrt((((flat - mean) * keep) ** 2).sum(1, keepdim=True) / count + 1e-5)
-    size = weight[0].numel()
-    return (gamma * math.sqrt(size) * (flat - mean) / sigma * keep).view_as(weight) / size
+    return (gamma * count.sqrt() * (flat - mean) / sigma * keep).view_as(weight) / count.view(-1, 1, 1, 1)
 
 
 def test_the_written_out_backward_is_autograds_through_the_formula():
@@ -117,14 +117,18 @@ def test_the_written_out_backward_is_autograds_through_the_formula():
     assert torch.autograd.gradcheck(lambda w: effective_weight(w, mask, 1.3), (weight,))
 
 
-def test_output_variance_is_gamma_squared_times_the_inputs_second_moment():
-    """Theorem 1: a dense NSConv maps inputs of mean μ_f, variance σ_f² to outputs of mean 0 and
-    variance γ²(σ_f² + μ_f²), for a 3×3 kernel too (c_in is the filter's size, 16·3·3 here). Centred
-    inputs: the theorem's μ_f² comes from random weights; filters standardised to mean 0 cancel it."""
+@pytest.mark.parametrize("density", [1.0, 0.5, 0.1, 0.05])
+def test_output_variance_is_gamma_squared_times_the_inputs_second_moment_at_every_density(density):
+    """Theorem 1: an NSConv maps inputs of mean μ_f, variance σ_f² to outputs of mean 0 and variance
+    γ²(σ_f² + μ_f²), for a 3×3 kernel and at any density (c_in is a filter's kept entries; read as
+    the filter's size, 16·3·3, the variance would shrink by the density: 0.94, 0.47, 0.09, 0.04 of
+    it). Centred inputs: the theorem's μ_f² comes from random weights; filters standardised to mean
+    0 cancel it."""
     generator = torch.Generator().manual_seed(0)
     conv = NSConv2d(16, 64, 3, bias=False, gamma=1.5)
     with torch.no_grad():
         conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator) * 0.3 + 0.1)
+        conv.set_mask(torch.rand(conv.weight.shape, generator=generator) < density)
         x = torch.randn(8, 16, 24, 24, generator=generator) * 0.8  # σ_f² + μ_f² = 0.64
         out = conv(x)
     assert abs(float(out.mean())) < 0.05

@@ -21,6 +21,15 @@ def test_theta_low_is_the_smallest_kept_entries():
     assert int(low.sum()) == 2 and not (low & ~MASK).any()
 
 
+def test_theta_low_marks_only_what_the_server_can_drop():
+    """A layer ERK keeps dense loses nothing at an adjustment, so BaE marks nothing in it; elsewhere
+    at most the layer's pruned entries (what can grow back)."""
+    weight = torch.tensor([[0.5, -0.1, 0.01], [0.3, -0.9, -0.02]])
+    low = lowest_magnitude({"w": weight, "dense": weight}, {"w": MASK, "dense": torch.ones(2, 3, dtype=torch.bool)}, {"w": 3, "dense": 3})
+    assert not low["dense"].any()
+    assert int(low["w"].sum()) == 2  # ξ = 3 capped by the 2 pruned entries, as prune_and_grow caps it
+
+
 def test_prune_and_grow_swaps_exactly_the_smallest_weights_for_the_largest_gradients():
     masks, weights = prune_and_grow({"w": WEIGHT, "b": torch.ones(2)}, {"w": MASK}, {"w": GRADIENT}, {"w": 1})
     # drop |-0.1| at (0, 1); grow |0.7| at (1, 2), at zero; the large gradients of kept entries don't count
