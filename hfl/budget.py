@@ -28,7 +28,10 @@ from hfl.types import RoundContext, TrainSettings
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 SPARSITIES = (0.8, 0.9, 0.95)
 """FedMef's Table 1 columns."""
-SPARSE_TABLE_METHODS = ("fedavg", "flpqsu", "feddst", "fedtiny", "fedmef")
+SPARSE_TABLE_METHODS = ("fedavg", "flpqsu", "feddst", "fedtiny", "fedtiny, no norms", "fedmef", "fedmef, no SAP")
+"""The rows of the sparse table: the methods as configured (their own norms: batch norm but for
+FedMef's norm-free NSConv model), FedTiny on FedMef's norm-free model (so FedMef's saving over it is
+SAP's, not the removed norms'), and FedMef's model without SAP."""
 
 
 def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, round_: int = 1) -> RoundContext:
@@ -104,9 +107,11 @@ def tier_rows(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str
     return tiers
 
 
-def table_method(config: ExperimentConfig, env: ClientEnvironment, name: str, sparsity: float) -> Method:
+def table_method(config: ExperimentConfig, env: ClientEnvironment, name: str, sparsity: float, norm: str | None = None) -> Method:
     """Method `name` at `sparsity` on the experiment's data and model, with the configured mask
-    schedule, its own norm (`model.norm=auto`: the method's) and its own accountant."""
+    schedule, `norm` (default its own: `model.norm=auto`, the method's) and its own accountant."""
+    if norm is not None:
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, norm=norm))
     cls = METHODS.get(name)
     fields: dict[str, Any] = {"name": name}
     if issubclass(cls, SparseStart):
@@ -160,6 +165,8 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
       (SAP's compressed copies for FedMef); peak: hfl's measured training peak;
     - paper_memory: the appendix's estimate from these, 2M_p + 2M_a (FedAvg, FL-PQSU), + M_ξ (FedDST,
       FedTiny), 2M_p + M_a(SAP) + M_a(dense) + M_ξ (FedMef), M_ξ the top-ξ gradients and positions;
+      each row's M_a from its own model, so the rows on the norm-free model ("fedtiny, no norms",
+      "fedmef", "fedmef, no SAP") share one activation basis and the others another (batch norm);
     - train_flops: the appendix's round total, 3F·N·E for dense or static training, with the last batch
       a dense gradient (2F_d) for the dynamic methods and F_o = 4(1 − s)n_θ + n_a·log₂n_a added per
       batch for FedMef; F_s the forward FLOPs with every layer's scaled by its density (2 FLOPs per
@@ -169,9 +176,10 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
     batch = min(config.fl.batch_size, num_samples)
     adjust_round = config.method.adjust_every if isinstance(config.method, AdjustedSparseConfig) else 10
     rows = []
-    for name in SPARSE_TABLE_METHODS:
+    for label in SPARSE_TABLE_METHODS:
+        name, _, variant = label.partition(", ")
         for sparsity in (sparsities[:1] if name == "fedavg" else sparsities):
-            method = table_method(config, env, name, sparsity)
+            method = table_method(config, env, name, sparsity, "none" if variant == "no norms" else None)
             ctx = dataclasses.replace(round_one(config, env, 0, adjust_round), num_samples=num_samples)
             task = method.plan(ctx, method.init_state())
             cost = method.training_cost(task, batch)
@@ -184,19 +192,23 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
             samples = num_samples * config.fl.local_epochs
             dynamic = name in ("feddst", "fedtiny", "fedmef")
             if name == "fedmef":
-                n_theta = sum(method.model.state_dict()[k].numel() for k in prunable_keys(method.model))
-                n_a = activation_elements(method.model, env.accountant.zero_inputs(batch))
-                sparse_flops += (4 * (1 - sparsity) * n_theta + n_a * math.log2(n_a)) / batch
                 without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
                 dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
-                paper_memory = 2 * params + cost.activation_bytes + dense_activations.activation_bytes + gradient_bytes
+                if variant == "no SAP":
+                    cost = dense_activations
+                    paper_memory = 2 * params + 2 * cost.activation_bytes + gradient_bytes
+                else:
+                    n_theta = sum(method.model.state_dict()[k].numel() for k in prunable_keys(method.model))
+                    n_a = activation_elements(method.model, env.accountant.zero_inputs(batch))
+                    sparse_flops += (4 * (1 - sparsity) * n_theta + n_a * math.log2(n_a)) / batch
+                    paper_memory = 2 * params + cost.activation_bytes + dense_activations.activation_bytes + gradient_bytes
             else:
                 paper_memory = 2 * params + 2 * cost.activation_bytes + (gradient_bytes if dynamic else 0)
             flops = 3 * sparse_flops * samples
             if dynamic:  # the last batch's dense gradient replaces its sparse backward
                 flops += (2 * dense_flops - 2 * sparse_flops) * batch
             rows.append({
-                "method": name,
+                "method": label,
                 "sparsity": 0.0 if name == "fedavg" else sparsity,
                 "param_bytes": params,
                 "activation_bytes": cost.activation_bytes,

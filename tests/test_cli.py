@@ -65,6 +65,6 @@ def test_budget_prints_the_sparse_table_for_a_sparse_method(tmp_path, capsys):
     assert "FedMef's Table 1 / Table 5 form" in out
     rows = json.loads((tmp_path / "b.json").read_text())["sparse"]
     assert [(r["method"], r["sparsity"]) for r in rows][:4] == [("fedavg", 0.0), ("flpqsu", 0.8), ("flpqsu", 0.9), ("flpqsu", 0.95)]
-    assert len(rows) == 13 and sum(line.split()[:2] == ["fedmef", "0.9"] for line in out.splitlines()) == 1
+    assert len(rows) == 19 and sum(line.split()[:2] == ["fedmef", "0.9"] for line in out.splitlines()) == 1  # 1 + 6 rows x 3 sparsities
     assert main(["budget", str(ROOT / "experiments" / "quickstart.yaml")]) == 0
     assert "Table 1 / Table 5" not in capsys.readouterr().out  # FedAvg's own config: no sparse table
