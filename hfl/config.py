@@ -219,7 +219,13 @@ class BudgetsConfig:
     """Memory budgets: `width:R` (training the configured model at width R costs), `256MB`, `1.5GiB`
     (MB/GB are 10^6/10^9 bytes, MiB/GiB 2^20/2^30) or a byte count."""
     flops: tuple[str, ...] = ()
-    """Optional FLOPs budget of a client-round, one per `memory` entry: `width:R` or a number."""
+    """Optional FLOPs budget, one per `memory` entry: `width:R` (training at width R) or a number, per
+    `flops_per`."""
+    flops_per: str = "round"
+    """What a numeric `flops` budget bounds: a client-round (round), or one mini-batch (batch: CAFF's
+    unit, appendix A, "GFLOPs required for a single mini-batch"), which bounds a client-round at
+    budget × samples × local epochs / batch size, so that the client with the most data is not the
+    most constrained."""
     upload: tuple[str, ...] = ()
     """Optional upload budget per round, one per `memory` entry: `width:R` (that model's bytes) or `10MB`."""
     shares: tuple[float, ...] = ()
@@ -229,6 +235,7 @@ class BudgetsConfig:
 
     def __post_init__(self) -> None:
         check_choice("scenario", self.scenario, ("none", *SCENARIOS, "tiers", "per_client"))
+        check_choice("flops_per", self.flops_per, ("round", "batch"))
         custom = self.scenario in ("tiers", "per_client")
         check(bool(self.memory) == custom, "memory", list(self.memory), "a list of amounts exactly when scenario is tiers or per_client")
         for name in ("memory", "flops", "upload"):

@@ -51,8 +51,9 @@ def tiers_of(scenario: str, memory: Sequence[str], flops: Sequence[str], upload:
 class BudgetResolver:
     """Turns amounts into numbers with the experiment's accountant (for `width:` amounts)."""
 
-    def __init__(self, accountant: Accountant, batch_size: int, local_epochs: int) -> None:
+    def __init__(self, accountant: Accountant, batch_size: int, local_epochs: int, flops_per: str = "round") -> None:
         self.accountant, self.batch_size, self.local_epochs = accountant, batch_size, local_epochs
+        self.flops_per = flops_per
 
     def memory(self, text: str) -> int:
         if text.startswith("width:"):
@@ -60,10 +61,16 @@ class BudgetResolver:
         return absolute_amount(text)
 
     def flops(self, text: str, num_samples: int) -> int:
+        """The client-round's FLOPs budget. A per-batch amount bounds the round at amount × samples ×
+        epochs / batch (the client's batch: at most its samples), so that a task fits it exactly when
+        one batch of it costs at most the amount."""
         if text.startswith("width:"):
             per_sample = self.accountant.plain_cost(parse_width(text[6:]), self.batch_size).train_flops_per_sample
             return per_sample * num_samples * self.local_epochs
-        return absolute_amount(text)
+        amount = absolute_amount(text)
+        if self.flops_per == "batch":
+            return amount * num_samples * self.local_epochs // min(self.batch_size, num_samples)
+        return amount
 
     def upload(self, text: str) -> int:
         if text.startswith("width:"):
@@ -115,5 +122,5 @@ def assign_budgets(
         return [], [None] * config.fl.clients
     rng = np.random.default_rng(derive_seed(config.seed, BUDGET_STREAM))
     tiers, tier_of = plan_tiers(config.budgets, config.fl.clients, rng)
-    resolver = BudgetResolver(accountant, config.fl.batch_size, config.fl.local_epochs)
+    resolver = BudgetResolver(accountant, config.fl.batch_size, config.fl.local_epochs, config.budgets.flops_per)
     return tiers, client_budgets(tiers, tier_of, resolver, num_samples)

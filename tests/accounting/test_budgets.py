@@ -73,6 +73,28 @@ def test_relative_flops_and_upload_budgets():
     assert resolver.memory("1MB") == 10**6
 
 
+def test_a_flops_budget_per_batch_bounds_each_batch_whatever_the_clients_data():
+    """CAFF counts a FLOPs budget per mini-batch: a model fits a client exactly when one batch of it
+    costs at most the budget, whatever the client's data. Per client-round, the same model fits a
+    client with little data and not one with much."""
+    config = small_config(fl={"batch_size": 8, "local_epochs": 2})
+    env = ClientEnvironment.from_config(config)
+    per_sample = env.accountant.plain_cost(1.0, 8).train_flops_per_sample  # 1.85 MFLOPs: 14.8M a batch of 8
+    per_batch, per_round = BudgetResolver(env.accountant, 8, 2, "batch"), BudgetResolver(env.accountant, 8, 2, "round")
+    for amount in (10**7, 2 * 10**7):
+        for n in (5, 8, 100, 239):
+            assert (per_sample * n * 2 <= per_batch.flops(str(amount), n)) == (per_sample * min(8, n) <= amount)
+    assert [per_sample * n * 2 <= per_round.flops("2e7", n) for n in (5, 239)] == [True, False]
+    tiered = small_config(budgets={"scenario": "tiers", "memory": ["1GB"], "flops": ["2e7"], "flops_per": "batch"}, fl={"batch_size": 8})
+    _, budgets = assign_budgets(tiered, env.accountant, [239] * tiered.fl.clients)
+    assert budgets[0].flops == 2 * 10**7 * 239 * tiered.fl.local_epochs // 8
+
+
+def test_an_unknown_flops_unit_names_the_field():
+    with pytest.raises(ConfigError, match=r"budgets\.flops_per.*'sample'.*round, batch"):
+        small_config(budgets={"scenario": "tiers", "memory": ["1GB"], "flops_per": "sample"})
+
+
 @pytest.mark.parametrize("width, violations", [(1.0, True), (0.1667, False)])
 def test_fedavg_violates_fair_budgets_only_at_full_width(tmp_path, width, violations):
     config = small_config(model={"width": width}, budgets={"scenario": "fair"}, fl={"rounds": 2, "clients": 8, "fraction": 1.0})
