@@ -6,11 +6,12 @@ deepest member whose smallest level fits the given (weakest client's) constraint
 HeteroFL, FjORD and DepthFL the deepest model one client can train whole.
 
     python benchmarks/caff_member_costs.py experiments/caff_table1/hetlora.yaml --json COSTS.json [overrides]
-    python benchmarks/caff_member_costs.py --choose COSTS.json --memory 55MiB --upload 1GB --flops 1e15
+    python benchmarks/caff_member_costs.py --choose COSTS.json --memory 55MiB --upload 1GB --flops 1e15 [--all]
 
 The config names one member (`model.name`, `model.pretrained=FAMILY:l`); the others are the same
 family's registered models (`hfl.models.family.MEMBER_MODELS`). `--choose` prints the overrides
-that run the chosen member (`model.name=... model.pretrained=FAMILY:l`), or `none`.
+that run the chosen member (`model.name=... model.pretrained=FAMILY:l`), or `none`; with `--all`, one
+such line per fitting member (the paper's best of four members for some columns).
 """
 
 from __future__ import annotations
@@ -52,13 +53,18 @@ def member_costs(config_path: str, member: list[str], depth: int, overrides: lis
     return rows, max(len(p) for p in env.partitions), config.fl.local_epochs
 
 
-def deepest_fitting(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> int | None:
-    """The deepest member whose `level` (smallest or largest) fits memory and upload, and the FLOPs
-    of a round of the client with the most samples; None when no member fits."""
+def fitting_members(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> list[int]:
+    """The members (depths, deepest first) whose `level` (smallest or largest) fits memory and
+    upload, and the FLOPs of a round of the client with the most samples."""
     samples = costs["max_samples"] * costs["local_epochs"]
     fitting = [r["depth"] for r in costs["rows"] if r["level"] == costs[level][str(r["depth"])]
                and r["peak_bytes"] <= memory and r["upload_bytes"] <= upload and r["train_flops_per_sample"] * samples <= flops]
-    return max(fitting, default=None)
+    return sorted(fitting, reverse=True)
+
+
+def deepest_fitting(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> int | None:
+    """The deepest of `fitting_members`; None when no member fits."""
+    return next(iter(fitting_members(costs, memory, upload, flops, level)), None)
 
 
 def main() -> int:
@@ -72,12 +78,16 @@ def main() -> int:
     parser.add_argument("--upload", default="1e15")
     parser.add_argument("--flops", default="1e18")
     parser.add_argument("--level", choices=("smallest", "largest"), default="smallest")
+    parser.add_argument("--all", action="store_true", help="with --choose: every fitting member, one line each, deepest first")
     args = parser.parse_args()
     if args.choose:
         with open(args.choose) as f:
             costs = json.load(f)
-            depth = deepest_fitting(costs, absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
-            print("none" if depth is None else " ".join(costs["members"][str(depth)]))
+        depths = fitting_members(costs, absolute_amount(args.memory), absolute_amount(args.upload), absolute_amount(args.flops), args.level)
+        for depth in (depths if args.all else depths[:1]):
+            print(" ".join(costs["members"][str(depth)]))
+        if not depths:
+            print("none")
         return 0
     model = load_config(args.config, args.overrides).model
     members = member_overrides(model.name, model.pretrained)

@@ -46,6 +46,26 @@ run_on_member() {
   run_method "$name" "$config" "$@" "${member[@]}"
 }
 
+# CAFF's grids, best of the members: run NAME-l<depth> on every member whose LEVEL level fits, for a
+# report that shows each (the paper reports some baselines' best of four members).
+#   run_on_members NAME CONFIG COSTS LEVEL MEMORY UPLOAD FLOPS [overrides...]
+run_on_members() {
+  local name=$1 config=$2 costs=$3 level=$4 memory=$5 upload=$6 flops=$7 line
+  shift 7
+  local members=()
+  mapfile -t members < <(python "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/caff_member_costs.py" --choose "$costs" --all \
+                         --level "$level" --memory "$memory" --upload "$upload" --flops "$flops")
+  if [ "${members[0]}" = none ]; then
+    echo "$name: no member's $level level fits memory $memory, upload $upload, FLOPs $flops; not run" | tee -a "$out/not_run.txt"
+    return
+  fi
+  for line in "${members[@]}"; do
+    local member=()
+    read -ra member <<< "$line"
+    run_method "$name-l${member[1]##*:}" "$config" "$@" "${member[@]}"
+  done
+}
+
 write_report() {
   hfl report "${runs[@]}" --out "$out/report"
 }

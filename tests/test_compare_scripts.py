@@ -105,6 +105,24 @@ def test_caff_table1_gives_each_baseline_the_deepest_member_its_smallest_level_f
     assert report[0] == "report" and len(report[1:-2]) == 8
 
 
+def test_caff_table1_with_members_all_runs_each_baseline_on_every_member_that_fits(tmp_path):
+    """The paper's best of four: at 60 MiB FedRolex's smallest level fits l = 12 and l = 3 (20 and 30
+    MiB), the others' only l = 3 (50 of 200 MiB); each fitting member is a run of its own."""
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
+    calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "kinds=memory", "levels=1", "members=all")
+    by_out = {Path(c[-1]).name: c for c in calls[:-1]}
+    assert sorted(by_out) == ["memory1-caff", "memory1-fedhm-l3", "memory1-fedrolex-l12", "memory1-fedrolex-l3", "memory1-hetlora-l3"]
+    assert "model.pretrained=lm_cpu:12" in by_out["memory1-fedrolex-l12"] and "model.name=gpt_l3" in by_out["memory1-fedrolex-l3"]
+    assert not any(a.startswith("members=") for c in calls for a in c)  # the script's own option, not an hfl override
+
+
+def test_caff_table1_refuses_an_unknown_members_choice(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
+    done = subprocess.run(["bash", str(ROOT / "experiments" / "caff_table1" / "compare.sh"), str(tmp_path / "out"), "members=best"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "members=best is not one of deepest, all" in done.stderr
+
+
 def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"))
     calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "kinds=memory")

@@ -18,7 +18,9 @@
 #   FLOPs   150 / 250 / 400 GFLOPs per client-round (every client holds 250 images, one pass per round;
 #           F_3^3 costs 135, F_12^1 209, F_12^12 538)
 # Overrides go to every run; `kinds=memory,upload` runs only those constraint kinds (two shells can
-# split the grid), `levels=1,3` only those levels.
+# split the grid), `levels=1,3` only those levels. `members=all` runs each baseline on every member
+# whose smallest level fits (into KIND-METHOD-l<depth>), for the best of four members the paper
+# reports for some columns (Figure 4: "we evaluate all NN architectures ... and present the best").
 #   experiments/caff_table1/compare.sh runs/caff1 fl.rounds=20
 #   experiments/caff_table1/compare.sh runs/caff1_cifar10 task=cifar10 fl.rounds=20
 set -euo pipefail
@@ -28,6 +30,7 @@ parse_comparison "$@"
 kinds=(memory upload flops)
 levels=(1 2 3)
 configs=$here
+choose=run_on_member
 common=()
 for arg in "${overrides[@]}"; do
   case $arg in
@@ -36,6 +39,9 @@ for arg in "${overrides[@]}"; do
     task=*) echo "compare.sh: task=${arg#task=} is not one of shakespeare, cifar10" >&2; exit 2 ;;
     kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
     levels=*) IFS=, read -ra levels <<< "${arg#levels=}" ;;
+    members=deepest) choose=run_on_member ;;
+    members=all) choose=run_on_members ;;
+    members=*) echo "compare.sh: members=${arg#members=} is not one of deepest, all" >&2; exit 2 ;;
     *) common+=("$arg") ;;
   esac
 done
@@ -55,7 +61,7 @@ for kind in "${kinds[@]}"; do
     budget=("budgets.memory=[$memory]" "budgets.upload=[$upload]" "budgets.flops=[$flops]")
     run_method "$kind$level-caff" "$configs/caff.yaml" "${common[@]}" "${budget[@]}"
     for method in "${baselines[@]}"; do
-      run_on_member "$kind$level-$method" "$configs/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
+      $choose "$kind$level-$method" "$configs/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
         "${common[@]}" "${budget[@]}"
     done
   done
