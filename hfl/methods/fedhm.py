@@ -2,13 +2,16 @@
 Heterogeneous Models via Low-rank Factorization", 2021 (arXiv:2111.14655), as CAFF (Pfeiffer et al.
 2024, appendix B, Eq. 6) adapts it to transformers: clients train low-rank factors of the dense model.
 
-The server keeps the dense model. A client whose budgets allow trains it whole, unfactorised (the
-ladder's top level, `dense`). Every other client trains each linear layer of the transformer blocks
+The server keeps the dense model. Every client trains each linear layer of the transformer blocks
 (attention q, k, v and output projection, MLP fc1 and fc2; the GPT's and the ViT's) as two factors
 of the SVD of the current global weight W (out P x in Q) = U S V^T: x -> `vt` (V_z^T, z x Q, no
 bias) -> `us` (U_z diag(S_z), P x z, with the layer's bias), z the largest of `ranks` whose training
 fits the client's memory, FLOPs and upload budgets (Eq. 6); a client nothing fits sits the round
-out. The embeddings and the output layer stay dense, as FedHM keeps the first and the last layer
+out. With `train_dense` a client whose budgets allow trains the dense model instead (the ladder's
+top level, `dense`): appendix B picks the member the least constrained client could train without
+SVD, but its Table 2 never marks FedHM as degrading to FedAvg where the width baselines do, so its
+clients train factors; with dense training allowed, the memory budgets of CAFF's grids let every
+client train the dense member, which is FedAvg. The embeddings and the output layer stay dense, as FedHM keeps the first and the last layer
 full; with `freeze_embeddings` (CAFF's setting for every method it compares) the embeddings are not
 trained at all. LayerNorms and the head train as usual.
 
@@ -57,8 +60,10 @@ from hfl.types import ClientUpdate, StateDict
 class FedHMConfig(LadderConfig):
     name: str = "fedhm"
     ranks: tuple[int, ...] = (3, 6, 12, 24, 48)
-    """Ranks z a factorised client may train, each at most min(out, in) of every block linear (the
-    embedding width); the dense model is the ladder's top level above them. HetLoRA's defaults."""
+    """Ranks z a client may train, each at most min(out, in) of every block linear (the embedding
+    width); with `train_dense`, the dense model is the ladder's top level above them. HetLoRA's defaults."""
+    train_dense: bool = False
+    """Let a client whose budgets allow it train the dense model instead of factors (see the module docstring)."""
     freeze_embeddings: bool = True
     """Keep the embeddings (token and position, or the ViT's patch projection and positions) frozen
     for every client, as CAFF does for every method it compares."""
@@ -67,6 +72,7 @@ class FedHMConfig(LadderConfig):
         super().__post_init__()
         check_ranks(self.ranks)
         check(isinstance(self.freeze_embeddings, bool), "freeze_embeddings", self.freeze_embeddings, "true or false")
+        check(isinstance(self.train_dense, bool), "train_dense", self.train_dense, "true or false")
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ class FedHM(Method):
         self.frozen = embedding_keys(self.model) if config.freeze_embeddings else frozenset()
         self._uploads: dict[tuple, int] = {}
         levels = [Level(f"r{rank}", self.rank_spec(rank), RankOptions(rank)) for rank in sorted(config.ranks)]
-        levels.append(Level("dense", SubmodelSpec(frozen=self.frozen), RankOptions(None)))
+        if config.train_dense:
+            levels.append(Level("dense", SubmodelSpec(frozen=self.frozen), RankOptions(None)))
         # Scoring a rank level costs an SVD of every block linear and a pass over the test set: only the trained ones.
         self.ladder = self.make_ladder(levels, tier_window=config.tier_window, evaluated="trained", table=lambda ctx: level_costs(self, ctx))
 

@@ -112,7 +112,7 @@ def test_an_untrained_factorised_update_rebuilds_the_rank_z_approximation_of_w()
 def test_a_dense_and_a_factorised_update_average_by_samples():
     """Dense client (10 samples) sends W_d = ones; the rank-1 client (30 samples) sends us = (1, 2, 0),
     vt = (3, 1): W_f = [[3, 1], [6, 2], [0, 0]]; the mean is W_d / 4 + 3 W_f / 4. Biases likewise."""
-    method = fedhm_over(tiny_gpt, ranks=[1, 2])
+    method = fedhm_over(tiny_gpt, ranks=[1, 2], train_dense=True)
     state = method.initial_global_state()
     dense_spec, rank_spec = method.ladder["dense"].spec, method.ladder["r1"].spec
     dense = {k: v for k, v in extract(state, dense_spec).items() if k not in dense_spec.frozen}
@@ -129,7 +129,7 @@ def test_a_dense_and_a_factorised_update_average_by_samples():
 def test_tighter_memory_flops_or_upload_budgets_give_smaller_ranks(tmp_path):
     """A level's own memory, FLOPs or upload as the budget gives that level; one byte (or FLOP) less
     the next smaller one, and below r3 nothing."""
-    env = ClientEnvironment.from_config(text_config(tmp_path, method={"name": "fedhm"}, fl={"clients": 4, "fraction": 1.0}))
+    env = ClientEnvironment.from_config(text_config(tmp_path, method={"name": "fedhm", "train_dense": True}, fl={"clients": 4, "fraction": 1.0}))
     method, ladder = env.method, env.method.ladder
     settings = train_settings(env.config.fl, 1)
     samples = len(env.partitions[0])
@@ -156,7 +156,7 @@ def test_two_rounds_train_factorised_and_dense_clients_within_budgets_uploading_
     """On the tiny GPT fixture with half the clients short of upload: they train rank-12 factors, the
     others the dense model; nothing exceeds a budget, the dense global model is scored, the frozen
     embeddings come back untouched, and each client's bytes_up is exactly the tensors it trained."""
-    config = text_config(tmp_path, method={"name": "fedhm"}, budgets=UPLOAD_TIERS, fl={"rounds": 2, "clients": 4, "fraction": 1.0})
+    config = text_config(tmp_path, method={"name": "fedhm", "train_dense": True}, budgets=UPLOAD_TIERS, fl={"rounds": 2, "clients": 4, "fraction": 1.0})
     summary, env, final = run_with_env(config, tmp_path / "run", monkeypatch)
     method, start = env.method, initial_state(config, env).global_state
     assert summary["client_rounds"] == 8 and summary["budget_violations"] == summary["flops_violations"] == summary["upload_violations"] == 0
@@ -215,7 +215,18 @@ def test_without_freezing_the_embeddings_every_client_trains_them():
 
 
 def test_levels_of_different_ranks_are_different_shapes():
-    method = fedhm_over(tiny_gpt, ranks=[1, 2])
+    method = fedhm_over(tiny_gpt, ranks=[1, 2], train_dense=True)
     shapes = {level.spec.shape for level in method.ladder.levels}
     assert len(shapes) == 3 and replace(method.ladder["dense"].spec, frozen=frozenset()).shape == full_spec().shape
     assert isinstance(method.client_model(method.ladder["dense"].spec).get_submodule(FC1), nn.Linear)
+
+
+def test_by_default_every_client_trains_factors_even_one_that_could_train_the_dense_model(tmp_path):
+    """The paper's FedHM (CAFF, Table 2: never marked as degrading to FedAvg): without budgets, or
+    with budgets the dense model fits, a client trains the largest rank's factors; the dense model is
+    only a level with `train_dense`."""
+    env = ClientEnvironment.from_config(text_config(tmp_path, method={"name": "fedhm"}, fl={"clients": 4, "fraction": 1.0}))
+    method = env.method
+    assert [level.name for level in method.ladder.levels] == ["r3", "r6", "r12", "r24", "r48"]
+    ctx = RoundContext(1, 0, 0, len(env.partitions[0]), train_settings(env.config.fl, 1))
+    assert method.plan(ctx, method.init_state()).level == "r48"
