@@ -134,6 +134,23 @@ def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole
     assert "model.name=gpt" in by_out["memory-fedrolex"]
 
 
+def test_caff_table2_gives_fedhm_the_member_a_strong_client_could_train_without_svd(tmp_path):
+    """Appendix B: FedHM's member is the deepest whose dense model a high client (110 MiB) trains, here
+    l = 12 (105 MiB), although its smallest factors fit the low clients (60 MiB) on l = 3 only."""
+    import json
+
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"))
+    costs = tmp_path / "out" / "costs" / "fedhm.json"
+    table = json.loads(costs.read_text())
+    for row in table["rows"]:
+        row["peak_bytes"] = {(3, "small"): 50, (3, "large"): 100, (12, "small"): 200, (12, "large"): 105}[row["depth"], row["level"]] * 2**20
+    costs.write_text(json.dumps(table))
+    calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "kinds=memory")
+    fedhm = next(c for c in calls[:-1] if Path(c[-1]).name == "memory-fedhm")
+    assert "model.name=gpt" in fedhm and "model.pretrained=lm_cpu:12" in fedhm
+    assert not any("train_dense" in a for a in fedhm)  # chosen by the dense model, trained as factors
+
+
 def test_caff_table1_on_cifar10_runs_the_vit_configs_at_the_vit_familys_amounts(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"), ("vit_cpu", "vit_caff_l3", "vit_caff_l12"))
     calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "task=cifar10", "kinds=memory", "levels=3")

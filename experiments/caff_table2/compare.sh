@@ -2,8 +2,10 @@
 # CAFF's Table 2 (Pfeiffer et al. 2024, ../shared/papers/004_*): heterogeneous constraints, half the
 # clients low and half high, on Shakespeare with the lm_cpu family; CAFF, HetLoRA, FedHM, FedRolex
 # (experiments/caff_table1/*.yaml) and HeteroFL, FjORD, DepthFL (here). CAFF picks its member (Eq. 3);
-# HetLoRA, FedHM and FedRolex run on the deepest member whose smallest level fits the low clients,
-# HeteroFL, FjORD and DepthFL on the deepest member a high client can train whole (CAFF's appendix B),
+# HetLoRA and FedRolex run on the deepest member whose smallest level fits the low clients, HeteroFL,
+# FjORD and DepthFL on the deepest member a high client can train whole, and FedHM on the deepest member
+# a high client could train without SVD (its dense model; its clients still all train factors), as
+# CAFF's appendix B picks them,
 # both by `benchmarks/caff_member_costs.py` (tables in OUT/costs). Settings, against our family's
 # measured costs as in experiments/caff_table1/compare.sh:
 #   memory [60, 110] MiB    upload [0.5, 2] MiB    FLOPs [200, 800] GFLOPs per client-round
@@ -32,9 +34,11 @@ for arg in "${overrides[@]}"; do
 done
 declare -A config=([hetlora]="$table1/hetlora.yaml" [fedhm]="$table1/fedhm.yaml" [fedrolex]="$table1/fedrolex.yaml"
                    [heterofl]="$configs/heterofl.yaml" [fjord]="$configs/fjord.yaml" [depthfl]="$configs/depthfl.yaml")
-declare -A fits=([hetlora]=smallest [fedhm]=smallest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
+declare -A fits=([hetlora]=smallest [fedhm]=largest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
 for method in "${!config[@]}"; do
-  member_costs "$method" "${config[$method]}" "${common[@]}"
+  dense=()  # FedHM's costs with its dense level on top, so that `largest` is the model without SVD
+  [ "$method" = fedhm ] && dense=("method.train_dense=true")
+  member_costs "$method" "${config[$method]}" "${common[@]}" "${dense[@]}"
 done
 declare -A lows=([memory]=60MiB [upload]=0.5MiB [flops]=200e9) highs=([memory]=110MiB [upload]=2MiB [flops]=800e9)
 [ "$configs" = "$here" ] || lows=([memory]=125MiB [upload]=2MiB [flops]=150e9) highs=([memory]=215MiB [upload]=7MiB [flops]=400e9)
