@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,35 +49,129 @@ class MetricsWriter:
         pass
 
 
-class WandbLogger:
-    """Logs each round's scalars and the per-client table to wandb; offline unless configured."""
+WANDB_HASH_IGNORES = ("name", "logging/", "data/root", "data/cache_dir")
+"""Config fields that do not change what a run computes: left out of the hash in its wandb id."""
 
-    def __init__(self, config: ExperimentConfig, out_dir: Path, resume: bool) -> None:
+
+def flatten_slash(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of `a/b/c` keys (wandb's panel separator; `.` would nest again)."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_slash(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_digest(config: ExperimentConfig) -> str:
+    """A short hash of what the run computes: the config without its name, logging and data paths."""
+    values = flatten_slash(config.to_dict())
+    kept = {k: v for k, v in values.items() if not any(k == i or k.startswith(i) and i.endswith("/") for i in WANDB_HASH_IGNORES)}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def wandb_run_id(config: ExperimentConfig) -> str:
+    """`<name>-<config hash>-s<seed>`: runs of one name with other settings or seeds never share an id
+    (comparison scripts reuse names such as `fedavg`); wandb allows letters, digits, `-`, `_`, `.`."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.name)
+    return f"{name}-{config_digest(config)}-s{config.seed}"
+
+
+WANDB_RUN_FOLDER = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-(?P<id>.+)$")
+
+
+def existing_wandb_id(out_dir: Path) -> str | None:
+    """The id of the latest wandb run in a run folder: a resumed run (whose `fl.rounds` may have
+    been raised, changing the hash) goes on in the same wandb run."""
+    runs = sorted(p.name for p in (out_dir / "wandb").glob("*run-*") if p.is_dir() and WANDB_RUN_FOLDER.match(p.name))
+    return WANDB_RUN_FOLDER.match(runs[-1])["id"] if runs else None
+
+
+TIER_MEANS = ("train_loss", "estimated_peak_bytes", "measured_peak_bytes", "flops", "bytes_down", "bytes_up", "seconds")
+"""Client fields averaged per budget tier in each round's wandb row."""
+
+
+def round_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A round's metrics as flat wandb keys: scalars, sub-model / exit accuracies (`submodel_accuracy/x0.5`),
+    counts of failed and skipped clients, and per budget tier the means over its clients
+    (`tier/w1_2/mean_estimated_peak_bytes`)."""
+    row = {k: v for k, v in flatten_slash({k: v for k, v in record.items() if k != "clients"}).items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for key in ("failed_clients", "skipped_clients"):
+        row[key] = len(record.get(key) or [])
+    clients = record.get("clients", [])
+    for tier in sorted({c["tier"] for c in clients if c.get("tier") is not None}):
+        members = [c for c in clients if c.get("tier") == tier]
+        row[f"tier/{tier}/clients"] = len(members)
+        for key in TIER_MEANS:
+            values = [c[key] for c in members if c.get(key) is not None]
+            if values:
+                row[f"tier/{tier}/mean_{key}"] = sum(values) / len(values)
+    for key in ("train_loss", "bytes_up", "bytes_down"):
+        values = [c[key] for c in clients if c.get(key) is not None]
+        if values:
+            row[f"clients/mean_{key}"] = sum(values) / len(values)
+    return row
+
+
+def client_table(clients: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and rows of a round's per-client resources (nested fields as `submodel/width`; lists as JSON)."""
+    flat = [flatten_slash(c) for c in clients]
+    columns = list(dict.fromkeys(k for c in flat for k in c))
+    return columns, [[_table_cell(c.get(k)) for k in columns] for c in flat]
+
+
+def _table_cell(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (list, tuple)) else value  # a wandb table column holds scalars
+
+
+class WandbLogger:
+    """wandb as the dashboard: every round's metrics (global, sub-model, exit, ensemble, per tier), a
+    table of the round's clients and their resources, the resolved config (plus a sweep's values,
+    `swept`) and the run's summary. Offline unless configured; the files go to OUT/wandb.
+
+    The run id and name are `<name>-<config hash>-s<seed>`, the group `logging.wandb_group` (a
+    comparison or a sweep), the job type the method."""
+
+    def __init__(self, config: ExperimentConfig, out_dir: Path, resume: bool, swept: dict[str, Any] | None = None) -> None:
         import wandb  # imported only when asked for: it is slow to import
 
         settings = config.logging
+        run_id = (existing_wandb_id(out_dir) if resume else None) or wandb_run_id(config)
         self.run = wandb.init(
             project=settings.wandb_project,
             group=settings.wandb_group or None,
-            name=out_dir.name,
-            id=out_dir.name.replace("/", "_"),
+            job_type=config.method.name,
+            name=run_id,
+            id=run_id,
             dir=str(out_dir),
             mode=settings.wandb_mode,
-            config=config.to_dict(),
+            config={**config.to_dict(), **({"swept": swept} if swept else {})},
             resume="allow" if resume else None,
+            # A Ray worker reused for the next trial must not log into the last trial's run, which a
+            # scheduler's stop left open ("return_previous", wandb's default outside notebooks, would).
+            reinit="finish_previous",
         )
-        log.info("wandb run in %s (mode %s)", out_dir, settings.wandb_mode)
+        self.finished = False
+        log.info("wandb run %s in %s (mode %s)", run_id, out_dir, settings.wandb_mode)
 
     def on_round(self, record: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
-        clients = record.get("clients", [])
-        for key in ("train_loss", "bytes_up", "bytes_down"):
-            values = [c[key] for c in clients if c.get(key) is not None]
-            if values:
-                scalars[f"clients/mean_{key}"] = sum(values) / len(values)
-        self.run.log(scalars, step=record["round"])
+        import wandb
+
+        row: dict[str, Any] = round_row(record)
+        if record.get("clients"):
+            columns, rows = client_table(record["clients"])
+            row["client_resources"] = wandb.Table(columns=columns, data=rows)
+        self.run.log(row, step=record["round"])
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        for key, value in summary.items():
-            self.run.summary[key] = value
-        self.run.finish()
+        self.run.summary.update(flatten_slash(summary))
+        self.close()
+
+    def close(self) -> None:
+        """Finish the wandb run (once): at the run's end, or where a Tune trial is stopped early."""
+        if not self.finished:
+            self.finished = True
+            self.run.finish()

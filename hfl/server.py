@@ -96,6 +96,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
     records = read_metrics(out_dir)
     evaluated = [r for r in records if r.get("accuracy") is not None]
     submodels = evaluated[-1].get("submodel_accuracy") if evaluated else None
+    exits = evaluated[-1].get("exit_accuracy") if evaluated else None
     return {
         "name": config.name,
         "method": config.method.name,
@@ -106,6 +107,8 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "final_inference_peak_bytes": evaluated[-1].get("inference_peak_bytes") if evaluated else None,
         **({"worst_submodel_accuracy": min(submodels.values()), "mean_submodel_accuracy": _mean(list(submodels.values())),
             "submodel_accuracy": submodels} if submodels else {}),
+        **({"worst_exit_accuracy": min(exits.values()), "mean_exit_accuracy": _mean(list(exits.values())),
+            "final_ensemble_accuracy": evaluated[-1].get("ensemble_accuracy")} if exits else {}),
         "rounds": config.fl.rounds,
         "wall_seconds": elapsed,
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
@@ -150,7 +153,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     dump_config(config, out / "config.yaml")  # also on resume: a run may be extended (fl.rounds)
     metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)
     sinks: list[RoundCallback] = []
-    if config.logging.wandb:
+    if config.logging.wandb and not any(isinstance(c, WandbLogger) for c in callbacks):  # a Tune trial brings its own
         sinks.append(WandbLogger(config, out, resume))
     sinks.extend(callbacks)
     evaluate = Evaluator(env)

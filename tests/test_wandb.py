@@ -1,0 +1,152 @@
+"""wandb as the dashboard, offline: what a run writes is read back from its `.wandb` file (records of
+wandb's protobuf schema in a LevelDB-style log), not only checked to exist."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hfl.loggers import WandbLogger, client_table, read_metrics, round_row, wandb_run_id
+from hfl.server import run_experiment
+from tests.conftest import small_config
+
+TWO_TIERS = {"scenario": "tiers", "memory": ["width:1/2", "width:1"], "shares": [0.5, 0.5]}
+BLOCK, HEADER = 32768, 7  # wandb's transaction log: 32 KiB blocks, a 7-byte header per chunk
+
+
+def wandb_records(run_dir: Path, timeout_s: float = 30) -> list:
+    """Every record of the run's offline `.wandb` file, in order, once it is complete: wandb's service
+    writes the file after `run.finish()` returns (a first run's after a second or two), ending it
+    with an exit record."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = parse_wandb_file(path.read_bytes())
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} holds no exit record after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def parse_wandb_file(data: bytes) -> list:
+    from wandb.proto import wandb_internal_pb2
+
+    if len(data) < HEADER:
+        return []
+    assert data[:4] == b":W&B"
+    records, chunk, pos = [], b"", HEADER
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if left < HEADER or (length, kind) == (0, 0):  # the block's padding
+            pos += left
+            continue
+        chunk += data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunk)
+            records.append(record)
+            chunk = b""
+    return records
+
+
+def items(updates) -> dict:
+    """Key -> value of wandb history/summary/config items (nested keys joined by '.')."""
+    return {".".join(u.nested_key) or u.key: json.loads(u.value_json) for u in updates}
+
+
+@pytest.fixture(scope="module")
+def heterofl_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wandb") / "heterofl"
+    config = small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, budgets=TWO_TIERS, fl={"rounds": 2},
+                          logging={"wandb": True, "wandb_group": "widths-on-digits"})
+    with pytest.MonkeyPatch.context() as env:  # the autouse offline fixture is per test; this run is per module
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        summary = run_experiment(config, out)
+    return config, out, summary, wandb_records(out)
+
+
+@pytest.mark.slow
+def test_an_offline_run_holds_submodel_and_tier_metrics_under_a_unique_id(heterofl_run):
+    config, out, summary, records = heterofl_run
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == run.display_name == wandb_run_id(config) and run.run_id.startswith("test-") and run.run_id.endswith("-s0")
+    assert (run.run_group, run.job_type) == ("widths-on-digits", "heterofl")
+    logged = items(run.config.update)
+    assert logged["method"]["widths"] == [1.0, 0.5] and logged["budgets"]["memory"] == ["width:1/2", "width:1"]
+
+    history = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            row = items(r.history.item)
+            history[row["_step"]] = row
+    lines = read_metrics(out)
+    assert sorted(history) == [1, 2]
+    for line in lines:
+        row = history[line["round"]]
+        assert row["accuracy"] == line["accuracy"]
+        assert {k: v for k, v in row.items() if k.startswith("submodel_accuracy/")} == {
+            f"submodel_accuracy/{name}": acc for name, acc in line["submodel_accuracy"].items()}
+        for tier in ("w1", "w1_2"):
+            members = [c for c in line["clients"] if c["tier"] == tier]
+            assert row[f"tier/{tier}/clients"] == len(members) > 0
+            assert row[f"tier/{tier}/mean_estimated_peak_bytes"] == sum(c["estimated_peak_bytes"] for c in members) / len(members)
+        assert row["client_resources._type"] == "table-file" and row["client_resources.nrows"] == len(line["clients"])
+
+    final = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            final.update(items(r.summary.update))
+    assert final["worst_submodel_accuracy"] == summary["worst_submodel_accuracy"] == min(summary["submodel_accuracy"].values())
+    assert final["submodel_accuracy/x0.5"] == summary["submodel_accuracy"]["x0.5"]
+    assert final["tiers/w1_2/budget_violations"] == 0 and final["tiers/w1/budget_bytes"] == summary["tiers"]["w1"]["budget_bytes"]
+
+
+@pytest.mark.slow
+def test_the_client_table_of_a_round_holds_each_clients_resources(heterofl_run):
+    _, out, _, records = heterofl_run
+    last = read_metrics(out)[-1]
+    (path,) = [items(r.history.item)["client_resources.path"] for r in records
+               if r.WhichOneof("record_type") == "history" and items(r.history.item)["_step"] == last["round"]]
+    (files,) = out.glob("wandb/offline-run-*/files")
+    table = json.loads((files / path).read_text())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [(r["id"], r["tier"], r["estimated_peak_bytes"], r["bytes_up"], r["submodel/width"]) for r in rows] == [
+        (c["id"], c["tier"], c["estimated_peak_bytes"], c["bytes_up"], c["submodel"]["width"]) for c in last["clients"]]
+
+
+def test_run_ids_differ_by_config_and_seed_but_not_by_paths_or_logging(tmp_path):
+    base = small_config()
+    assert wandb_run_id(base) == wandb_run_id(small_config(logging={"wandb": True, "wandb_group": "x"}, data={"root": str(tmp_path)}))
+    others = {wandb_run_id(c) for c in (base, small_config(fl={"lr": 0.01}), small_config(seed=1), small_config(name="other"),
+                                        small_config(method={"name": "heterofl"}))}
+    assert len(others) == 5
+    assert wandb_run_id(small_config(name="a/b c")).startswith("a_b_c-")
+
+
+def test_a_resumed_run_keeps_its_wandb_id_and_a_trial_logs_its_swept_values(tmp_path):
+    config = small_config(fl={"rounds": 1}, logging={"wandb": True})
+    run_experiment(config, tmp_path)
+    longer = small_config(fl={"rounds": 2}, logging={"wandb": True})  # another hash: rounds were raised
+    assert wandb_run_id(longer) != wandb_run_id(config)
+    logger = WandbLogger(longer, tmp_path, resume=True, swept={"fl.lr": 0.05})
+    assert logger.run.id == wandb_run_id(config)
+    assert logger.run.config["swept"] == {"fl.lr": 0.05}
+    logger.close()
+    logger.close()  # once only: a stopped trial's close, then nothing
+
+
+def test_round_rows_flatten_nested_records_with_slashes():
+    record = {"round": 3, "accuracy": 0.5, "loss": None, "exit_accuracy": {"block3": 0.4, "block6": 0.5}, "ensemble_accuracy": 0.55,
+              "failed_clients": [{"id": 1}], "clients": [
+                  {"id": 0, "tier": "a", "train_loss": 1.0, "flops": 10, "submodel": {"width": 0.5, "dropped_blocks": [1]}},
+                  {"id": 1, "tier": "a", "train_loss": 3.0, "flops": 30, "submodel": {"width": 1.0, "dropped_blocks": []}}]}
+    row = round_row(record)
+    assert row["exit_accuracy/block3"] == 0.4 and row["ensemble_accuracy"] == 0.55 and "loss" not in row
+    assert (row["failed_clients"], row["skipped_clients"], row["tier/a/clients"], row["tier/a/mean_flops"]) == (1, 0, 2, 20)
+    columns, rows = client_table(record["clients"])
+    assert columns == ["id", "tier", "train_loss", "flops", "submodel/width", "submodel/dropped_blocks"]
+    assert rows[0] == [0, "a", 1.0, 10, 0.5, "[1]"]
