@@ -6,6 +6,7 @@ User-facing output lives here; bad input exits with code 2 and one line, without
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 import time
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 
 USAGE_ERROR = 2
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 # Fields that may change between a run and its resumption: they do not change what is computed.
 RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer")
 
@@ -164,8 +167,12 @@ def command_run(args: argparse.Namespace) -> int:
         out = args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         done = 0
     print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
-    summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
-    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items() if v is not None and not isinstance(v, dict)]
+    try:
+        summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
+    except KeyboardInterrupt:
+        print(f"hfl: interrupted; continue with: hfl run --resume {out}", file=sys.stderr)
+        return INTERRUPTED
+    rows = [(k, summary_cell(k, v)) for k, v in summary.items() if v is not None and not isinstance(v, dict)]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     if summary.get("tiers"):
@@ -175,6 +182,38 @@ def command_run(args: argparse.Namespace) -> int:
                       f"{t['mean_flops'] / 1e9:.2f}", mib(t["mean_bytes_up"])] for name, t in summary["tiers"].items()]))
     print(f"results: {out}/metrics.jsonl, {out}/summary.json")
     return 0
+
+
+BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+FLOP_UNITS = (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9), ("MFLOPs", 1e6), ("kFLOPs", 1e3))
+
+
+def human_bytes(n: float) -> str:
+    """A byte count in binary units: 512 B, 1.50 KiB, 3.25 MiB, 2.00 GiB."""
+    for unit, size in BYTE_UNITS:
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_flops(n: float) -> str:
+    """A FLOP count with an SI prefix: 950 FLOPs, 4.06 GFLOPs, 1.20 TFLOPs."""
+    for unit, size in FLOP_UNITS:
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} FLOPs"
+
+
+def summary_cell(key: str, value: Any) -> str:
+    """A value of a run's summary as printed: bytes and FLOPs in human units, other floats to 4 places.
+    Quantities are named by their unit (total_bytes_up, max_estimated_peak_bytes, total_flops);
+    counts of events by the event (flops_violations)."""
+    words = key.split("_")
+    if "bytes" in words:
+        return human_bytes(value)
+    if words[-1] == "flops":
+        return human_flops(value)
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
@@ -245,7 +284,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-LEVEL_HEADERS = {"params": "#params", "flops": "#FLOPs", "peak_bytes": "train memory MiB", "depth": "blocks",
+LEVEL_HEADERS = {"name": "sub-model", "params": "#params", "flops": "#FLOPs", "peak_bytes": "train memory MiB", "depth": "blocks",
                  "params_ratio": "params ratio", "omitted_blocks": "omitted blocks",
                  "upload_bytes": "upload MiB"}
 
@@ -292,7 +331,7 @@ def command_budget(args: argparse.Namespace) -> int:
     if report.get("levels"):
         title = f"{report['levels_title']}; " if report.get("levels_title") else ""
         print(f"\nSub-models of {config.method.name} ({title}FLOPs: forward, per sample; memory: training)")
-        columns = [k for k in report["levels"][0] if k not in ("name", "cost")]
+        columns = ["name", *(k for k in report["levels"][0] if k not in ("name", "cost"))]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
     if report.get("method_table"):
@@ -329,26 +368,69 @@ def command_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_config(args: argparse.Namespace) -> int:
+    from hfl.config import load_config
+    from hfl.config_docs import describe
+
+    config = load_config(args.config, args.overrides)
+    print(f"# {args.config}{''.join(f' {o}' for o in args.overrides)}, resolved: every field, under its documentation")
+    print("\n".join(describe(config)))
+    return 0
+
+
+def method_info(name: str) -> dict[str, str]:
+    """A method's one-line summary and paper, from its declaration or else its module's docstring."""
+    from hfl.registry import METHODS
+
+    info = METHODS.info(name)
+    if not info:  # registered by a user's module rather than declared: its docstring speaks for it
+        doc = sys.modules[METHODS.get(name).__module__].__doc__ or "(no description)"
+        info = {"summary": doc.strip().splitlines()[0], "paper": "-"}
+    return info
+
+
+def print_method(name: str) -> None:
+    """`hfl methods NAME`: the method's paper and its fields, as the `method:` section of an experiment."""
+    from hfl.config_docs import describe
+    from hfl.registry import METHODS
+
+    config = METHODS.get(name, field="method").Config()
+    info = method_info(name)
+    print(f"{name}: {info['summary']}\npaper: {info['paper']}\n")
+    print("# Its fields with their defaults, as an experiment's method section (override one with method.FIELD=VALUE)")
+    print("\n".join(["method:", *describe(config, "  ", allowed=True)]))
+
+
 def command_methods(args: argparse.Namespace) -> int:
     import hfl.methods  # noqa: F401  (declares the methods without importing them)
     from hfl.registry import METHODS
 
+    if args.name:
+        print_method(args.name)
+        return 0
     rows = []
     for name in METHODS:
-        info = METHODS.info(name)
-        if not info:  # registered by a user's module rather than declared: its docstring speaks for it
-            doc = sys.modules[METHODS.get(name).__module__].__doc__ or "(no description)"
-            info = {"summary": doc.strip().splitlines()[0], "paper": "-"}
+        info = method_info(name)
         rows.append((name, info["summary"], info["paper"]))
     width = max(len(r[0]) for r in rows)
     for name, summary, paper in rows:
         print(f"{name:<{width}}  {summary}\n{'':<{width}}  paper: {paper}")
+    print("\nhfl methods NAME: a method's fields, defaults and allowed values")
     return 0
+
+
+def installed_version() -> str:
+    """hfl's version, from the package metadata that installing it wrote."""
+    try:
+        return importlib.metadata.version("hfl")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on PYTHONPATH that was never installed
+        return "(not installed: pip install -e .)"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hfl", description="Federated learning with heterogeneous, resource-constrained clients.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    p.add_argument("--version", action="version", version=f"hfl {installed_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment: hfl run CONFIG [key=value ...] [--out DIR]; hfl run --resume DIR [key=value ...]")
     run.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml (not needed with --resume)")
@@ -383,8 +465,14 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", metavar="RUN_DIR")
     report.add_argument("--out", default="report", help="folder for report.md and the plots (default ./report)")
     report.set_defaults(func=command_report)
-    methods = sub.add_parser("methods", help="list registered methods with their papers")
+    methods = sub.add_parser("methods", help="list registered methods with their papers; hfl methods NAME: a method's fields")
+    methods.add_argument("name", nargs="?", help="a method, e.g. heterofl: its paper and its fields with defaults and allowed values")
     methods.set_defaults(func=command_methods)
+    config = sub.add_parser("config", help="print the resolved config, every field under its documentation: "
+                            "hfl config CONFIG [key=value ...]")
+    config.add_argument("config", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    config.add_argument("overrides", nargs="*", help="dotted overrides such as method.name=heterofl")
+    config.set_defaults(func=command_config)
     return p
 
 
@@ -398,11 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataNotFoundError) as error:
         print(f"hfl: error: {error}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        hints = {"run": "hfl run --resume OUT", "tune": "hfl tune SPACE --out OUT --resume", "pretrain": "the same hfl pretrain command"}
-        if args.command in hints:
-            print(f"hfl: interrupted; continue with: {hints[args.command]}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # an interrupted `hfl run` names its run folder itself (command_run)
+        if args.command == "tune":
+            print(f"hfl: interrupted; continue with: hfl tune {args.space} --out {args.out or 'OUT'} --resume", file=sys.stderr)
+        elif args.command == "pretrain":
+            print("hfl: interrupted; continue with: the same hfl pretrain command", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,17 +1,113 @@
 """The `hfl` command as a user runs it."""
 
+import importlib.metadata
 import json
+import subprocess
+import sys
 
 import pytest
+import yaml
 
-from hfl.cli import main
+from hfl.cli import human_bytes, human_flops, main
+from hfl.config import config_from_dict, load_config
 from tests.conftest import QUICKSTART, ROOT, cli_env
+from tests.golden.recorded import require_recorded_builds
 
 
 def test_methods_lists_registered_methods_with_papers(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert "fedavg" in out and "fedprox" in out and "MLSys 2020" in out
+
+
+def test_listing_methods_imports_no_torch():
+    code = "import sys; from hfl.cli import main; main(['methods']); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], env=cli_env(), cwd=ROOT, check=True, capture_output=True)
+
+
+def test_methods_name_prints_the_paper_and_every_field_with_its_default_and_allowed_values(capsys):
+    assert main(["methods", "heterofl"]) == 0
+    out = capsys.readouterr().out
+    assert "paper: Diao, Ding and Tarokh, ICLR 2021" in out
+    lines = out.splitlines()
+    widths = lines.index("  widths: [1.0, 0.5, 0.25, 0.125, 0.0625]")
+    assert lines[widths - 2 : widths] == ["  # Width rates a client may train, relative to the global model (the paper's a-e levels).",
+                                          "  # allowed: rates in (0, 1]"]
+    assert lines[lines.index("  weighting: clients") - 1] == "  # allowed: one of samples, clients"
+    assert lines[lines.index("  tier_window: -1") - 1] == "  # allowed: an integer >= -1"  # inherited from LadderConfig
+    section = yaml.safe_load(out[out.index("\nmethod:\n") :])["method"]
+    assert section == {"name": "heterofl", "weighting": "clients", "tier_window": -1, "widths": [1.0, 0.5, 0.25, 0.125, 0.0625],
+                       "scaler": True, "masked_ce": False}
+
+
+def test_methods_with_an_unknown_name_exits_2_listing_the_names(capsys):
+    assert main(["methods", "hetrofl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hfl: error: method='hetrofl'") and "heterofl, hetlora" in err and "Traceback" not in err
+
+
+def test_config_prints_the_resolved_config_under_each_fields_documentation(capsys):
+    overrides = ["method.name=heterofl", "method.widths=[1.0,0.5]", "data.alpha=0.3"]
+    assert main(["config", str(QUICKSTART), *overrides]) == 0
+    out = capsys.readouterr().out
+    assert config_from_dict(yaml.safe_load(out)) == load_config(QUICKSTART, overrides)  # every field, as resolved
+    lines = out.splitlines()
+    assert lines[lines.index("  alpha: 0.3  # default: 0.5") - 1] == "  # Dirichlet concentration; smaller is more skewed."
+    assert lines[lines.index("  widths: [1.0, 0.5]  # default: [1.0, 0.5, 0.25, 0.125, 0.0625]") - 1].startswith("  # Width rates")
+    assert lines[lines.index("  lr_decay: 0.1") - 1] == "  # Factor of each step of the step schedule."  # a default, filled
+    undocumented = [line for line, above in zip(lines[1:], lines) if not line.lstrip().startswith("#") and not above.lstrip().startswith("#")]
+    assert undocumented == ["data:", "model:", "fl:", "budgets:", "backend:", "logging:"]  # sections: their fields are
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"hfl {importlib.metadata.version('hfl')}\n"
+
+
+def test_interrupted_run_names_its_folder_in_the_resume_hint(tmp_path, monkeypatch, capsys):
+    from hfl import server
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server, "run_experiment", interrupted)
+    assert main(["run", str(QUICKSTART), "--out", str(tmp_path / "try")]) == 130
+    assert capsys.readouterr().err.endswith(f"hfl: interrupted; continue with: hfl run --resume {tmp_path / 'try'}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(QUICKSTART)]) == 130
+    assert "continue with: hfl run --resume runs/quickstart-20" in capsys.readouterr().err  # the default folder
+
+
+def test_summary_prints_bytes_and_flops_in_human_units(monkeypatch, capsys):
+    from hfl import server
+
+    summary = {"final_accuracy": 0.5, "rounds": 2, "final_inference_peak_bytes": 5238824, "total_flops": 4058963136,
+               "flops_violations": 0, "mean_estimated_peak_bytes": 345504.0, "total_bytes_up": 900}
+    monkeypatch.setattr(server, "run_experiment", lambda *args, **kwargs: summary)
+    assert main(["run", str(QUICKSTART), "--out", "unused"]) == 0
+    printed = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines()[:7])
+    assert printed == {"final_accuracy": "0.5000", "rounds": "2", "final_inference_peak_bytes": "5.00 MiB", "total_flops": "4.06 GFLOPs",
+                       "flops_violations": "0", "mean_estimated_peak_bytes": "337.41 KiB", "total_bytes_up": "900 B"}
+
+
+@pytest.mark.parametrize(("count", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (3.25 * 2**20, "3.25 MiB"), (5 * 2**30, "5.00 GiB"),
+                                             (3 * 2**40, "3072.00 GiB")])
+def test_human_bytes(count, text):
+    assert human_bytes(count) == text
+
+
+@pytest.mark.parametrize(("count", "text"), [(950, "950 FLOPs"), (2.5e6, "2.50 MFLOPs"), (4.06e9, "4.06 GFLOPs"), (1.2e12, "1.20 TFLOPs")])
+def test_human_flops(count, text):
+    assert human_flops(count) == text
+
+
+def test_budget_names_each_sub_model_of_a_ladder(capsys):
+    assert main(["budget", str(QUICKSTART), "method.name=heterofl", "budgets.scenario=fair", "fl.clients=4"]) == 0
+    out = capsys.readouterr().out
+    rows = out[out.index("Sub-models of heterofl") :].splitlines()[3:]
+    assert [row.split()[0] for row in rows] == ["x0.0625", "x0.125", "x0.25", "x0.5", "x1"]
 
 
 def test_data_prints_histogram_and_writes_heatmap(tmp_path, capsys):
@@ -51,6 +147,7 @@ def test_quickstart_reaches_what_the_readme_states(tmp_path):
 
     from tests.golden.runs import PINNED_ISA
 
+    require_recorded_builds()
     env = {**cli_env(), **PINNED_ISA}
     subprocess.run([sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "--out", str(tmp_path)], env=env, cwd=ROOT,
                    check=True, capture_output=True)
