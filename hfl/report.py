@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,10 @@ from hfl.storage import is_uri, staged
 MIB = 2**20
 
 
+SWEEP_FILE = "sweep.yaml"
+"""What `hfl tune` writes beside its trials' folders (OUT/trials/<id>): the swept config paths."""
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """What the report needs of one run folder."""
@@ -27,12 +31,53 @@ class RunRecord:
     config: dict[str, Any]
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
+    swept: dict[str, Any] = field(default_factory=dict)
+    """A sweep trial's swept config paths and its values of them (empty for other runs)."""
 
     @property
     def label(self) -> str:
-        """The run folder's name, and the method's where the name does not already say it."""
+        """The run folder's name, and the method's where the name does not already say it; a trial's
+        swept values (a trial id alone says nothing)."""
         name, method = self.path.name, self.config["method"]["name"]
+        if self.swept:
+            return f"{name} " + " ".join(f"{path.rsplit('.', 1)[-1]}={_short(v)}" for path, v in self.swept.items())
         return name if method in name else f"{name} ({method})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
+def config_value(config: dict[str, Any], path: str) -> Any:
+    """The value at dotted `path` of a config dict (None where absent)."""
+    node: Any = config
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def swept_paths(folder: Path) -> list[str]:
+    """The config paths a sweep varied, where `folder` is one of its trials (OUT/trials/<id>)."""
+    sweep = folder.parent.parent / SWEEP_FILE
+    if folder.parent.name != "trials" or not sweep.is_file():
+        return []
+    return list((yaml.safe_load(sweep.read_text()) or {}).get("space") or {})
+
+
+def expand_sweeps(run_dirs: list[str]) -> list[str]:
+    """Run folders, with a sweep folder (holding sweep.yaml) replaced by its trials' folders."""
+    expanded = []
+    for run_dir in run_dirs:
+        folder = Path(run_dir)
+        if not is_uri(run_dir) and (folder / SWEEP_FILE).is_file():
+            expanded += [str(t) for t in sorted((folder / "trials").iterdir()) if t.is_dir()]
+        else:
+            expanded.append(run_dir)
+    return expanded
 
 
 def load_run(path: str | Path) -> RunRecord:
@@ -45,7 +90,8 @@ def load_run(path: str | Path) -> RunRecord:
     if missing:
         raise ConfigError("run folder", str(folder), f"a finished hfl run (missing {', '.join(missing)})")
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    return RunRecord(folder, config, json.loads((folder / SUMMARY).read_text()), read_metrics(folder))
+    swept = {path: config_value(config, path) for path in swept_paths(folder)}
+    return RunRecord(folder, config, json.loads((folder / SUMMARY).read_text()), read_metrics(folder), swept)
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
@@ -57,7 +103,8 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
 
 
 def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
-    headers = ["run", "method", "data", "partition", "budgets", "final acc", "best acc"]
+    swept = list(dict.fromkeys(path for run in runs for path in run.swept))  # a sweep's values, beside the trial id
+    headers = ["run", *swept, "method", "data", "partition", "budgets", "final acc", "best acc"]
     has_submodels = any("worst_submodel_accuracy" in r.summary for r in runs)
     if has_submodels:
         headers += ["worst sub-model", "mean sub-model"]
@@ -68,7 +115,8 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         data = c["data"]
         partition = data["partition"] + (f" α={data['alpha']:g}" if data["partition"].startswith("dirichlet") else "")
         partition += f" Λ={data['labels_per_client']}" if data["partition"] == "pathological" else ""
-        row = [run.path.name, c["method"]["name"], data["name"], partition, c.get("budgets", {}).get("scenario", "none"),
+        row = [run.path.name, *(_short(run.swept[p]) if p in run.swept else "-" for p in swept),
+               c["method"]["name"], data["name"], partition, c.get("budgets", {}).get("scenario", "none"),
                _fmt(s.get("final_accuracy")), _fmt(s.get("best_accuracy"))]
         if has_submodels:
             row += [_fmt(s.get("worst_submodel_accuracy")), _fmt(s.get("mean_submodel_accuracy"))]
@@ -167,29 +215,56 @@ def shared_labels(points: list[tuple[float, float, str]]) -> list[tuple[float, f
     return stacked
 
 
+def tier_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
+    """One row per run and budget tier: what a width or depth method gives its smaller clients, which
+    the maximum over all clients hides."""
+    headers = ["tier", "run", "budget MiB", "mean peak MiB", "client-rounds", "violations"]
+    rows = []
+    for run in runs:
+        for tier, t in (run.summary.get("tiers") or {}).items():
+            rows.append([tier, run.label, _fmt(t.get("budget_bytes"), MIB, 2), _fmt(t.get("mean_estimated_peak_bytes"), MIB, 2),
+                         _fmt(t.get("client_rounds")), _fmt(t.get("budget_violations"))])
+    return headers, rows
+
+
+def memory_points(run: RunRecord) -> list[float]:
+    """A run's client memory in MiB: each budget tier's mean peak, or the mean and max peak without tiers."""
+    tiers = [t["mean_estimated_peak_bytes"] for t in (run.summary.get("tiers") or {}).values() if t.get("mean_estimated_peak_bytes")]
+    if tiers:
+        return sorted(b / MIB for b in tiers)
+    overall = [run.summary.get(k) for k in ("mean_estimated_peak_bytes", "max_estimated_peak_bytes")]
+    return sorted({b / MIB for b in overall if b is not None})
+
+
 def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
+    """Final accuracy against client memory, one marker per budget tier joined by a line: HeteroFL's
+    small clients sit left of FedAvg's, where the maximum peak alone put both at the same place."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    points = [(r.summary["max_estimated_peak_bytes"] / MIB, r.summary["final_accuracy"], r.label) for r in runs
-              if r.summary.get("max_estimated_peak_bytes") is not None and r.summary.get("final_accuracy") is not None]
-    for x, y, _ in points:
-        ax.scatter(x, y, s=40)
+    points = []
+    for run in runs:
+        xs, y = memory_points(run), run.summary.get("final_accuracy")
+        if not xs or y is None:
+            continue
+        ax.plot(xs, [y] * len(xs), marker="o", markersize=5)
+        points.append((xs[-1], y, run.label))
     for x, y, labels in shared_labels(points):
         ax.annotate("\n".join(labels), (x, y), fontsize="small", xytext=(4, 4), textcoords="offset points", va="bottom")
-    ax.set(xlabel="max client peak training memory (MiB, estimated)", ylabel="final test accuracy",
-           title="accuracy vs client memory")
+    ax.set(xlabel="client peak training memory per budget tier (MiB, estimated mean)", ylabel="final test accuracy",
+           title="accuracy vs client memory (a marker per tier)")
     ax.margins(0.2)  # room for the labels beside the points
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def write_report(run_dirs: list[str], out: str | Path) -> Path:
-    """Write report.md, accuracy_by_round.png and accuracy_by_memory.png into `out`; returns report.md."""
-    runs = [load_run(d) for d in run_dirs]
+    """Write report.md, accuracy_by_round.png and accuracy_by_memory.png into `out`; returns report.md.
+    A sweep folder (`hfl tune --out`) stands for its trials, which get the swept values as columns."""
+    runs = [load_run(d) for d in expand_sweeps(run_dirs)]
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     headers, rows = comparison_rows(runs)
@@ -202,6 +277,9 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
         text += markdown_table(*seed_rows(groups)) + "\n## Every run\n\n"
     text += markdown_table(headers, rows)
     text += "\nPeak memory is the estimated peak training memory of a client-round; GFLOPs and MiB are per round, summed over the round's clients.\n"
+    tiers = tier_rows(runs)
+    if tiers[1]:
+        text += "\n## Per budget tier\n\nThe mean estimated peak of each tier's client-rounds against its budget.\n\n" + markdown_table(*tiers)
     text += "\n![accuracy by round](accuracy_by_round.png)\n\n![accuracy vs client memory](accuracy_by_memory.png)\n"
     report = folder / "report.md"
     report.write_text(text)

@@ -84,3 +84,40 @@ def test_runs_that_differ_only_in_seed_are_reported_as_mean_and_std(tmp_path):
 def test_report_of_single_seed_runs_has_no_seed_table(tmp_path):
     runs = [fake_run(tmp_path / "a", 0, 0.5), fake_run(tmp_path / "b", 0, 0.6, method="fedavg")]
     assert "Mean ±" not in write_report([str(r) for r in runs], tmp_path / "rep").read_text()
+
+
+def test_a_sweeps_trials_are_reported_with_their_swept_values(tmp_path):
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump({"space": {"fl.lr": {"loguniform": [0.01, 0.3]}, "method.name": {"grid": ["heterofl", "fedavg"]}}}))
+    for trial, lr, method, acc in (("ab_00000", 0.0123456, "heterofl", 0.5), ("ab_00001", 0.2, "fedavg", 0.6)):
+        folder = fake_run(sweep / "trials" / trial, 0, acc, method=method)
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        (folder / "config.yaml").write_text(yaml.safe_dump({**config, "fl": {"lr": lr}}))
+    text = write_report([str(sweep)], tmp_path / "rep").read_text()  # the sweep folder stands for its trials
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    assert table[0][:4] == ["run", "fl.lr", "method.name", "method"]
+    assert [r[:4] for r in table[1:]] == [["ab_00000", "0.0123", "heterofl", "heterofl"], ["ab_00001", "0.2", "fedavg", "fedavg"]]
+    # a single run folder of a sweep too, and its plot label says what the trial id does not
+    from hfl.report import load_run
+
+    assert load_run(sweep / "trials" / "ab_00000").label == "ab_00000 lr=0.0123 name=heterofl"
+    assert "fl.lr" not in write_report([str(fake_run(tmp_path / "plain", 0, 0.5))], tmp_path / "rep2").read_text()
+
+
+def test_memory_is_reported_per_budget_tier(tmp_path):
+    from hfl.report import load_run, memory_points
+
+    run_experiment(small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, fl={"rounds": 1},
+                                budgets={"scenario": "tiers", "memory": ["width:1/2", "width:1"], "shares": [0.5, 0.5]}), tmp_path / "het")
+    run = load_run(tmp_path / "het")
+    tiers = run.summary["tiers"]
+    assert memory_points(run) == sorted(t["mean_estimated_peak_bytes"] / 2**20 for t in tiers.values())
+    assert memory_points(run)[0] < memory_points(run)[1] == run.summary["max_estimated_peak_bytes"] / 2**20  # the small tier shows
+    text = write_report([str(tmp_path / "het")], tmp_path / "rep").read_text()
+    section = text[text.index("## Per budget tier"):]
+    rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| w"))}
+    assert set(rows) == {"w1", "w1_2"}
+    assert rows["w1_2"][3] == f"{tiers['w1_2']['mean_estimated_peak_bytes'] / 2**20:.2f}" and rows["w1_2"][5] == "0"
