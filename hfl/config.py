@@ -27,7 +27,7 @@ from hfl.data.partitioners import NATURAL
 from hfl.errors import ConfigError, check, check_choice
 from hfl.models.base import NORMS
 from hfl.models.family import is_family_source, resolve_source
-from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS
+from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS, import_plugins
 
 
 @dataclass(frozen=True)
@@ -350,6 +350,10 @@ class ExperimentConfig:
     """A label for the run (output folder names, wandb run names)."""
     seed: int = 0
     """Seed of every random choice: data split, model init, cohorts, client shuffling."""
+    plugins: tuple[str, ...] = ()
+    """Your own modules to import before any name is checked (e.g. [my_project.methods]): they register methods,
+    models, datasets or partitioners with `hfl.registry`'s decorators. They must be importable wherever the run
+    goes (installed, or their folder on PYTHONPATH): Ray's workers import them too."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: Any = None
@@ -445,6 +449,7 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
 
 def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     values = dict(values)
+    import_plugins(_coerce("plugins", values.get("plugins", ()), tuple[str, ...]))  # before the names they register are checked
     method_values = values.pop("method", None) or {}
     if not isinstance(method_values, dict):
         raise ConfigError("method", method_values, "a mapping with at least `name`")

@@ -3,17 +3,23 @@
 An entry is registered by its module (`@REGISTRY.register(name)`), or declared ahead with the
 module that registers it and a line of information (`declare`): a declared entry's module is imported
 on first use, so that listing names (`hfl methods`, config checks) imports no torch.
+
+A user's own entries live in their own modules, outside hfl, registered with the same decorators;
+the config's `plugins` names those modules and `import_plugins` imports them before any name is
+checked, in the driver and in every worker that assembles the experiment.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check
 
 T = TypeVar("T")
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class Registry(Generic[T]):
@@ -26,7 +32,8 @@ class Registry(Generic[T]):
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
-            if name in self._entries:
+            # The same definition run again (a notebook cell re-run, a module reloaded) replaces itself.
+            if name in self._entries and defined_at(self._entries[name]) != defined_at(obj):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = obj
             return obj
@@ -60,8 +67,28 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
+def defined_at(obj: object) -> tuple[object, object]:
+    """Where a registered object is defined: (module, qualified name); an object without a name is only where it is."""
+    return getattr(obj, "__module__", None), getattr(obj, "__qualname__", id(obj))
+
+
 METHODS: Registry = Registry("method")
 MODELS: Registry = Registry("model")
 DATASETS: Registry = Registry("dataset")
 PARTITIONERS: Registry = Registry("partition")
 BACKENDS: Registry = Registry("backend")
+
+
+def import_plugins(modules: Iterable[str], field: str = "plugins") -> None:
+    """Import the user's modules that register methods, models, datasets or partitioners (the
+    config's `plugins`); a module that cannot be found is a ConfigError naming `field` and the module."""
+    for module in modules:
+        check(isinstance(module, str) and MODULE_NAME.fullmatch(module) is not None, field, module,
+              "a dotted module name such as my_project.methods")
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module == error.name or module.startswith(f"{error.name}.")):
+                raise  # the plug-in was found, but a module it imports is missing: its own traceback says which
+            raise ConfigError(field, module, f"a module importable here that registers methods, models or datasets "
+                              f"(no module named {error.name!r}: install its package or put its folder on PYTHONPATH)") from None

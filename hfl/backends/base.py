@@ -33,7 +33,7 @@ from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
 from hfl.models.family import ClassLabels, load_family_weights
-from hfl.registry import METHODS
+from hfl.registry import METHODS, import_plugins
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict
@@ -145,6 +145,7 @@ class ClientEnvironment:
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, device: torch.device | None = None) -> ClientEnvironment:
+        import_plugins(config.plugins)  # a Ray actor's config arrives pickled: its plug-ins are not imported yet
         device = device or resolve_device(config.backend.device)
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
