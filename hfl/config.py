@@ -490,14 +490,19 @@ def read_yaml_mapping(path: Path, field: str, what: str) -> dict[str, Any]:
     return values
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
-    """Read a YAML experiment file and apply dotted overrides."""
+def experiment_values(path: str | Path) -> dict[str, Any]:
+    """The mapping of a YAML experiment file, named after the file unless it names itself."""
     path = Path(path)
     values = read_yaml_mapping(path, "config", "an experiment: data, model, method, fl, ... sections")
     if not values:  # every default would run: almost certainly the wrong file, or one not yet written
         raise ConfigError("config", str(path), f"an experiment with at least one of the sections {', '.join(SECTIONS)} (the file is empty)")
     values.setdefault("name", path.stem)
-    return config_from_dict(apply_overrides(values, overrides))
+    return values
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment file and apply dotted overrides."""
+    return config_from_dict(apply_overrides(experiment_values(path), overrides))
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

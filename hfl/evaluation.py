@@ -82,17 +82,23 @@ class Evaluator:
             model(batch)
 
     @torch.no_grad()
-    def __call__(self, global_state: StateDict, spec: SubmodelSpec | None = None) -> dict[str, Any]:
-        """Accuracy and mean cross-entropy per target on the test set of the (sub-)model `spec`
-        selects, at its deepest exit; with several exits also `exit_accuracy` (by exit block) and
-        `ensemble_accuracy`; for text also `perplexity`."""
+    def scored_model(self, global_state: StateDict, spec: SubmodelSpec | None = None) -> nn.Module:
+        """The (sub-)model `spec` selects as it is scored: weights from `global_state`, masks applied,
+        static batch-norm statistics recomputed, in eval mode (`hfl.load_run` hands it to the user)."""
         spec = spec or SubmodelSpec()
         model = self._model(spec)
         model.load_state_dict(self.env.method.client_state(global_state, spec), strict=not self.static_bn)
         load_masks(model, spec.masks)
         if self.static_bn:
             self._recompute_bn(model)
-        model.eval()
+        return model.eval()
+
+    @torch.no_grad()
+    def __call__(self, global_state: StateDict, spec: SubmodelSpec | None = None) -> dict[str, Any]:
+        """Accuracy and mean cross-entropy per target on the test set of the (sub-)model `spec`
+        selects, at its deepest exit; with several exits also `exit_accuracy` (by exit block) and
+        `ensemble_accuracy`; for text also `perplexity`."""
+        model = self.scored_model(global_state, spec)
         x, y = self.env.test_x, self.env.test_y
         names = [f"exit{b}" for b in model.exit_blocks] + (["head"] if model.head is not None else [])
         correct = torch.zeros(len(names) + 1, dtype=torch.long)  # each exit, then the ensemble

@@ -1,0 +1,117 @@
+"""The Python API: `hfl.make_config`, `hfl.run` and `hfl.load_run`, as the README shows them."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hfl
+from hfl.backends.base import ClientEnvironment
+from hfl.config import ExperimentConfig
+from hfl.errors import ConfigError
+from tests.conftest import QUICKSTART, ROOT, cli_env
+
+SMALL = {"name": "api", "data": {"name": "digits"}, "model": {"name": "cnn"},
+         "fl": {"rounds": 2, "clients": 4, "fraction": 1.0}, "backend": {"device": "cpu"}}
+
+
+def fresh_python(code, cwd):
+    return subprocess.run([sys.executable, "-c", code], env=cli_env(), cwd=cwd, capture_output=True, text=True, timeout=300, check=True)
+
+
+def test_importing_hfl_imports_nothing_else(tmp_path):
+    probe = "import sys, hfl; print(sorted(m for m in sys.modules if m.split('.')[0] in ('hfl', 'torch', 'yaml')))"
+    assert fresh_python(probe, tmp_path).stdout.strip() == "['hfl']"
+
+
+def test_the_api_names_are_the_api_modules_and_others_are_missing():
+    from hfl import api
+
+    assert (hfl.run, hfl.load_run, hfl.make_config, hfl.Run) == (api.run, api.load_run, api.make_config, api.Run)
+    assert {"run", "load_run", "make_config", "Run"} <= set(dir(hfl))
+    with pytest.raises(AttributeError, match="no attribute 'rn'"):
+        hfl.rn  # noqa: B018
+
+
+def test_overrides_are_keywords_with_double_underscores_or_dotted_keys_applied_in_that_order():
+    config = hfl.make_config(QUICKSTART, {"fl.rounds": 3, "data.alpha": 0.3}, fl__rounds=2, method__name="fedprox", method__mu=0.01)
+    assert isinstance(config, ExperimentConfig) and config.name == "quickstart"
+    assert (config.fl.rounds, config.data.alpha, config.method.name, config.method.mu) == (2, 0.3, "fedprox", 0.01)
+    assert config.fl.clients == 20  # the file's value, untouched
+    assert hfl.make_config(SMALL, {"fl.lr": 0.2}).fl.lr == 0.2
+    assert hfl.make_config(config, seed=3).seed == 3 and hfl.make_config(config, seed=3).data.alpha == 0.3
+    assert hfl.make_config(fl__rounds=5).fl.rounds == 5  # nothing given: the defaults
+
+
+def test_bad_overrides_are_config_errors_naming_the_field():
+    with pytest.raises(ConfigError) as info:
+        hfl.make_config(SMALL, fl__roundz=2)
+    assert info.value.field == "fl.roundz"
+    with pytest.raises(ConfigError) as info:
+        hfl.make_config(SMALL, {"fl.rounds": "two"})
+    assert (info.value.field, info.value.value) == ("fl.rounds", "two")
+    with pytest.raises(ConfigError) as info:
+        hfl.make_config(SMALL, name__x=1)
+    assert info.value.field == "name.x" and "name is a value" in info.value.allowed
+
+
+@pytest.mark.parametrize("method, model", [({"name": "fedavg"}, {"name": "cnn"}), ({"name": "heterofl"}, {"name": "preresnet20", "width": 0.25})])
+def test_a_run_from_python_loads_back_with_its_numbers_and_a_model_that_scores_them(method, model, tmp_path, capsys):
+    """HeteroFL's static batch norm is scored with statistics recomputed from the training data: the
+    loaded model is that model, so its test accuracy is the run's to the last image."""
+    run = hfl.run({**SMALL, "method": method, "model": model}, out=tmp_path / "run", progress=True)
+    assert [line.split()[:2] for line in capsys.readouterr().err.splitlines()[-2:]] == [["round", "1/2"], ["round", "2/2"]]
+    loaded = hfl.load_run(tmp_path / "run")
+    assert loaded.config == run.config and loaded.summary == json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert loaded.summary["final_accuracy"] == run.summary["final_accuracy"]
+    assert list(loaded.metrics["round"]) == [1, 2]
+    assert list(loaded.metrics["accuracy"]) == [r["accuracy"] for r in loaded.records]
+    assert len(loaded.clients) == 8 and list(loaded.clients["train_loss"]) == [c["train_loss"] for r in loaded.records for c in r["clients"]]
+    model = loaded.model()
+    assert not model.training
+    env = ClientEnvironment.from_config(loaded.config, torch.device("cpu"))
+    with torch.no_grad():
+        accuracy = (model(env.test_x).argmax(1) == env.test_y).double().mean().item()
+    assert accuracy == run.summary["final_accuracy"]
+
+
+def test_metrics_are_lists_of_dicts_without_pandas(tmp_path, monkeypatch):
+    hfl.run(SMALL, out=tmp_path, fl__rounds=1)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas raises ImportError
+    run = hfl.load_run(tmp_path)
+    assert [row["round"] for row in run.metrics] == [1] and run.metrics[0]["accuracy"] == run.summary["final_accuracy"]
+    assert [row["id"] for row in run.clients] == [0, 1, 2, 3]
+
+
+def test_an_unfinished_run_has_no_summary_and_a_folder_without_a_run_is_refused(tmp_path):
+    hfl.run(SMALL, out=tmp_path / "run", fl__rounds=1)
+    (tmp_path / "run" / "summary.json").unlink()
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    unfinished = hfl.load_run(tmp_path / "run")
+    assert unfinished.summary is None and len(unfinished.records) == 1
+    with pytest.raises(ConfigError, match="checkpoint.pt"):
+        unfinished.model()
+    with pytest.raises(ConfigError) as info:
+        hfl.load_run(tmp_path / "nothing")
+    assert info.value.field == "folder" and "config.yaml" in info.value.allowed
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_in_a_fresh_python(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python API") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    (tmp_path / "experiments").mkdir()
+    shutil.copy(QUICKSTART, tmp_path / "experiments")
+    result = fresh_python(code, tmp_path)
+    out = tmp_path / "runs" / "notebook"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and "alpha: 0.3" in (out / "config.yaml").read_text()
+    printed = result.stdout.splitlines()
+    assert float(printed[0]) == summary["final_accuracy"]
+    assert printed[1].split() == ["round", "accuracy", "loss"] and printed[3].split()[:3] == ["1", "2", f"{summary['final_accuracy']:.6f}"]
+    assert "round 2/2" in result.stderr
