@@ -81,7 +81,8 @@ run_method() {
     elif [ -f "$dir/checkpoint.pt" ]; then
       hfl run --resume "$dir" "$@"
     else
-      hfl run "$config" "$@" "seed=$seed" --out "$dir"
+      # One wandb group per comparison (a no-op unless logging.wandb=true); the caller's overrides come after
+      hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir"
     fi
     runs+=("$dir")
   done

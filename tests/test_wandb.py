@@ -150,3 +150,11 @@ def test_round_rows_flatten_nested_records_with_slashes():
     columns, rows = client_table(record["clients"])
     assert columns == ["id", "tier", "train_loss", "flops", "submodel/width", "submodel/dropped_blocks"]
     assert rows[0] == [0, "a", 1.0, 10, 0.5, "[1]"]
+
+
+def test_a_comparison_script_groups_its_runs_by_its_folder(tmp_path):
+    from tests.test_compare_scripts import ROOT, calls_of
+
+    calls = calls_of(ROOT / "experiments" / "scalefl_cifar10" / "compare.sh", tmp_path, "--seeds", "0,1", "logging.wandb=true")
+    runs = [c for c in calls if c[0] == "run"]
+    assert len(runs) == 16 and all("logging.wandb_group=out" in c and "logging.wandb=true" in c for c in runs)
