@@ -352,8 +352,9 @@ def command_budget(args: argparse.Namespace) -> int:
 
 
 def command_tune(args: argparse.Namespace) -> int:
-    from hfl.tune import format_results, run_tune
+    from hfl.tune import format_results, run_tune, show_progress
 
+    show_progress()  # a line per trial and round while the sweep runs
     outcome = run_tune(args.space, args.overrides, out=args.out, resume=args.resume)
     print(format_results(outcome))
     return 1 if outcome.incomplete else 0

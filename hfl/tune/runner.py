@@ -8,10 +8,15 @@ Layout of a sweep folder OUT, a local folder or a URI (s3://, gs://, file://; se
     OUT/results.csv         one row per trial
     OUT/best_config.yaml    the full config of the best trial, runnable with `hfl run`
 
-A trial reports every round to Tune and attaches a Tune checkpoint (hfl's checkpoint.pt,
+A trial reports every round to Tune: the global model's accuracy and loss and summary.json's values
+as the run stands after the round (worst/mean sub-model accuracy, perplexity, budget violations, ...),
+and `objective`, the sweep's metric, or the worst value where `within_budget` holds and the trial broke
+a budget. It attaches a Tune checkpoint (hfl's checkpoint.pt,
 metrics.jsonl and config.yaml) whenever hfl has written one; a restored trial copies those files
 back into its run folder and continues with `run_experiment(..., resume=True)`, which ends with the
-same numbers as an uninterrupted run.
+same numbers as an uninterrupted run. PBT's exploit takes the same path: Tune hands the trial another
+trial's checkpoint and the perturbed values, and the run continues from that round with them (its
+metrics.jsonl is the copied trial's up to there).
 
 On a URI (a multi-node cluster under `ray job submit`, whose driver may not outlive the job), no
 state that a resume needs stays on the driver's disk: Tune's `storage_path` is the URI itself, where
@@ -32,10 +37,11 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +50,22 @@ import yaml
 from hfl.checkpoint import CHECKPOINT
 from hfl.config import ExperimentConfig, config_from_dict, flatten
 from hfl.errors import ConfigError
-from hfl.loggers import METRICS, read_metrics
+from hfl.loggers import METRICS, WandbLogger, read_metrics
 from hfl.storage import check_job_location, is_dir, is_uri, join, read_text, staged, write_text
-from hfl.tune.space import Sweep, load_sweep, trial_values
+from hfl.tune.space import Domain, Sweep, load_sweep, trial_values
 
 log = logging.getLogger(__name__)
 TUNE_DIR, TRIALS_DIR = "tune", "trials"
 RESULT_FILE = "result.json"  # Tune's record of a trial's results, a JSON line each
+PROGRESS_FILE = "progress.csv"  # the same records as a table
 SWEEP_FILE, RESULTS_FILE, BEST_CONFIG_FILE = "sweep.yaml", "results.csv", "best_config.yaml"
 CONFIG_FILE = "config.yaml"
+OBJECTIVE = "objective"
+"""The key Tune ranks by: the sweep's metric, or the worst value for a trial out of budget (`within_budget`)."""
+FINAL = {"final_round": 1}
+"""Tune's stop criterion: a trial's last round, reported once its run has ended (see TuneReporter)."""
+WORST = {"max": -sys.float_info.max, "min": sys.float_info.max}
+"""What a trial out of budget reports as `objective`: finite, so ASHA's quantiles and PBT's ranking stay numbers."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,8 @@ class TuneOutcome:
     mode: str = "max"
     best_trial: str | None = None
     """Trial id of the best trial."""
+    within_budget: bool = False
+    """Whether trials that broke a budget were ranked last (and never best)."""
 
     @property
     def incomplete(self) -> list[str]:
@@ -91,15 +106,54 @@ class TrialSetup:
     """Absolute folder or URI of Ray Tune's storage: a trial's records are in <tune_dir>/<trial_id>/."""
     group: str
     """The sweep's name: the wandb group of every trial."""
+    space: dict[str, Domain] = field(default_factory=dict)
+    """The sweep's space: turns a trial's Tune config into config path -> value."""
+    metric: str = "accuracy"
+    mode: str = "max"
+    within_budget: bool = False
+
+    def swept(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Config path -> value of a trial whose Tune config is `params`."""
+        if not self.space:
+            return dict(params)
+        return {path: domain.value(params) for path, domain in self.space.items() if all(k in params for k in domain.tune_keys)}
 
 
 def trial_config(setup: TrialSetup, params: Mapping[str, Any], trial_id: str) -> ExperimentConfig:
-    """Base config + the trial's sampled values, named after the trial and grouped under the sweep."""
-    values = trial_values(setup.base, params)
+    """Base config + the trial's sampled values (its Tune config), named after the trial and grouped under the sweep."""
+    return swept_config(setup, setup.swept(params), trial_id)
+
+
+def swept_config(setup: TrialSetup, swept: Mapping[str, Any], trial_id: str) -> ExperimentConfig:
+    """Base config + config path -> value, named after the trial and grouped under the sweep."""
+    values = trial_values(setup.base, swept)
     values["name"] = f"{values['name']}-{trial_id}"
     if values["logging"]["wandb"]:
         values["logging"]["wandb_group"] = setup.group
     return config_from_dict(values)
+
+
+def round_scores(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a summary (as summary.json holds them after a round) that a sweep can rank by.
+
+    A method without sub-models trains one model that every client holds: its worst and mean
+    sub-model accuracy are that model's, so a sweep over methods ranks FedAvg beside HeteroFL."""
+    scores = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "rounds"}
+    if summary.get("final_accuracy") is not None and "worst_submodel_accuracy" not in summary:
+        scores["worst_submodel_accuracy"] = scores["mean_submodel_accuracy"] = summary["final_accuracy"]
+    if "final_accuracy" in scores:
+        scores["accuracy"], scores["loss"] = scores["final_accuracy"], scores["final_loss"]
+    return scores
+
+
+def violations(scores: Mapping[str, Any]) -> int:
+    """Client-rounds that broke a memory, FLOPs or upload budget."""
+    return int(sum(scores.get(k, 0) for k in ("budget_violations", "flops_violations", "upload_violations")))
+
+
+def objective(scores: Mapping[str, Any], metric: str, mode: str, within_budget: bool) -> float:
+    """What Tune ranks a trial by: `metric`, or the worst value where a budget constraint is broken."""
+    return WORST[mode] if within_budget and violations(scores) else float(scores[metric])
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -113,29 +167,46 @@ def _link_or_copy(source: Path, target: Path) -> None:
 class TuneReporter:
     """Round callback that reports every round to Ray Tune, with hfl's checkpoint on checkpoint rounds.
 
-    hfl writes a round's checkpoint before it calls the callbacks, so the checkpoint handed to Tune
-    is that round's. Rounds without evaluation carry the last accuracy and loss; rounds before the
-    first evaluation are not reported (Tune requires the metric in every result). Rounds up to
+    hfl writes a round's line and checkpoint before it calls the callbacks, so the scores are
+    summary.json's as the run stands after this round, and the checkpoint handed to Tune is that
+    round's. Rounds without evaluation carry the last evaluation's scores; rounds before the first
+    evaluation are not reported (Tune requires the metric in every result). Rounds up to
     `recorded_upto` are not reported again: a restored trial replays them (see `recorded_rounds`).
+
+    The last round is reported when the run has ended (summary.json and the wandb run written),
+    marked `final_round`, which stops the trial (`FINAL`): no scheduler acts on it, so PBT never
+    replaces a finished run by another trial's.
     """
 
-    def __init__(self, config: ExperimentConfig, run_dir: Path, recorded_upto: int = 0) -> None:
-        self.config, self.run_dir, self.recorded_upto = config, run_dir, recorded_upto
-        evaluated = [r for r in read_metrics(run_dir) if r.get("accuracy") is not None]  # a restored trial's past
-        self.scores = {"accuracy": evaluated[-1]["accuracy"], "loss": evaluated[-1]["loss"]} if evaluated else None
+    def __init__(self, setup: TrialSetup, config: ExperimentConfig, run_dir: Path, recorded_upto: int = 0) -> None:
+        self.setup, self.config, self.run_dir, self.recorded_upto = setup, config, run_dir, recorded_upto
+        self.final: dict[str, Any] | None = None
 
     def on_round(self, record: dict[str, Any]) -> None:
-        from ray import tune
+        from hfl.server import summarise
 
-        if record["accuracy"] is not None:
-            self.scores = {"accuracy": record["accuracy"], "loss": record["loss"]}
-        if self.scores is None:
-            return
-        r, fl = record["round"], self.config.fl
+        r, fl, setup = record["round"], self.config.fl, self.setup
         if r <= self.recorded_upto:
             return
-        metrics = {"round": r, **self.scores, "wall_seconds": record["wall_seconds"], "evaluated": record["accuracy"] is not None}
-        if not (r % fl.checkpoint_every == 0 or r == fl.rounds):
+        elapsed = sum(line["wall_seconds"] for line in read_metrics(self.run_dir))
+        scores = round_scores(summarise(self.run_dir, self.config, elapsed))
+        if scores.get(setup.metric) is None:
+            return
+        metrics = {"round": r, OBJECTIVE: objective(scores, setup.metric, setup.mode, setup.within_budget), **scores,
+                   "violations": violations(scores), "evaluated": record["accuracy"] is not None, "final_round": int(r == fl.rounds)}
+        if r == fl.rounds:
+            self.final = metrics
+        else:
+            self._report(metrics, checkpoint=r % fl.checkpoint_every == 0)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        if self.final is not None:
+            self._report(self.final, checkpoint=True)
+
+    def _report(self, metrics: dict[str, Any], checkpoint: bool) -> None:
+        from ray import tune
+
+        if not checkpoint:
             tune.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="hfl-tune-") as folder:
@@ -144,9 +215,6 @@ class TuneReporter:
             shutil.copy2(self.run_dir / CONFIG_FILE, snapshot / CONFIG_FILE)
             shutil.copy2(self.run_dir / METRICS, snapshot / METRICS)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-
-    def on_end(self, summary: dict[str, Any]) -> None:
-        pass
 
 
 class Upload:
@@ -206,8 +274,14 @@ def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
         resume = _restore_into(run_dir)
         recorded = recorded_rounds(join(setup.tune_dir, trial_id, RESULT_FILE)) if resume else 0
         log.info("trial %s: %s in %s%s", trial_id, params, location, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
-        # Upload first: Tune may end the trial inside the report (a scheduler's stop, a Ctrl-C).
-        run_experiment(config, run_dir, resume=resume, callbacks=[Upload(push), TuneReporter(config, run_dir, recorded)])
+        # The trial's own wandb run carries its swept values; the server then starts none.
+        wandb = [WandbLogger(config, run_dir, resume, swept=setup.swept(params))] if config.logging.wandb else []
+        try:
+            # Upload first: Tune may end the trial inside the report (a scheduler's stop, a Ctrl-C).
+            run_experiment(config, run_dir, resume=resume, callbacks=[Upload(push), *wandb, TuneReporter(setup, config, run_dir, recorded)])
+        finally:
+            for logger in wandb:  # a trial Tune stops never reaches the run's end, which finishes it
+                logger.close()
 
 
 def make_trainable(setup: TrialSetup) -> Callable[[dict[str, Any]], None]:
@@ -250,29 +324,55 @@ def _sweep_folder(sweep: Sweep, out: str | None, resume: bool) -> str:
     return folder
 
 
-def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool) -> Any:
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+def trials_at_once(resources_per_trial: Mapping[str, float], cluster: Mapping[str, float]) -> int:
+    """How many trials the cluster's advertised CPUs and GPUs hold at once (at least one)."""
+    fits = [cluster.get(kind.upper(), 0.0) / amount for kind, amount in resources_per_trial.items() if amount > 0]
+    return max(1, int(min(fits) + 1e-9)) if fits else 1
+
+
+def _scheduler(sweep: Sweep) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+
+    s = sweep.scheduler
+    if s.name == "asha":
+        return ASHAScheduler(time_attr="round", max_t=sweep.max_rounds, grace_period=s.grace_period, reduction_factor=s.reduction_factor)
+    if s.name == "pbt":
+        mutations = {key: value for domain in sweep.space.values() for key, value in domain.mutations().items()}
+        return PopulationBasedTraining(
+            time_attr="round", perturbation_interval=s.perturbation_interval, hyperparam_mutations=mutations,
+            quantile_fraction=s.quantile_fraction, resample_probability=s.resample_probability, synch=s.synch,
+        )
+    return FIFOScheduler()
+
+
+def _search(sweep: Sweep, concurrency: int) -> Any:
+    from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    seed = int(sweep.base["seed"])  # seeded from the experiment so a sweep samples the same points every time
+    if sweep.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return ConcurrencyLimiter(OptunaSearch(seed=seed), max_concurrent=concurrency)
+    return BasicVariantGenerator(max_concurrent=concurrency, random_state=seed)
+
+
+def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool, concurrency: int) -> Any:
+    from ray import tune
+
+    from hfl.tune.progress import TrialProgress
 
     if resume:
         return tune.Tuner.restore(join(folder, TUNE_DIR), trainable, resume_errored=True)
-    s = sweep.scheduler
-    scheduler = (
-        ASHAScheduler(time_attr="round", max_t=sweep.max_rounds, grace_period=s.grace_period, reduction_factor=s.reduction_factor)
-        if s.name == "asha"
-        else FIFOScheduler()
-    )
     return tune.Tuner(
         trainable,
-        param_space={path: domain.to_tune() for path, domain in sweep.space.items()},
+        param_space={key: value for domain in sweep.space.values() for key, value in domain.to_tune().items()},
         tune_config=tune.TuneConfig(
-            metric=sweep.metric,
+            metric=OBJECTIVE,
             mode=sweep.mode,
             num_samples=sweep.num_samples,
-            scheduler=scheduler,
-            # Seeded from the experiment so a sweep samples the same points every time.
-            search_alg=BasicVariantGenerator(max_concurrent=sweep.max_concurrent_trials, random_state=int(sweep.base["seed"])),
+            scheduler=_scheduler(sweep),
+            search_alg=_search(sweep, concurrency),
             trial_dirname_creator=trial_dirname,
             reuse_actors=True,  # a fresh worker per trial re-imports torch: ~10 s each on 2 cores
         ),
@@ -280,7 +380,11 @@ def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool) -> Any:
             name=TUNE_DIR,
             storage_path=folder,  # a URI too: Tune reads and writes it with pyarrow.fs
             verbose=0,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            # PBT keeps every checkpoint: a trial may clone another's at any time, and Ray, deleting a
+            # population's old ones, loses track of a cloned trial's (FileNotFoundError on 2 rounds' sweeps).
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None if sweep.scheduler.name == "pbt" else 2),
+            callbacks=[TrialProgress(sweep)],
+            stop=FINAL,
         ),
     )
 
@@ -296,14 +400,14 @@ def _status(tune_status: str, rounds_done: int, rounds: int) -> str:
 def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
     from ray.tune import ExperimentAnalysis
 
-    analysis = ExperimentAnalysis(setup.tune_dir, default_metric=sweep.metric, default_mode=sweep.mode)
-    frames = analysis.trial_dataframes
+    analysis = ExperimentAnalysis(setup.tune_dir, default_metric=OBJECTIVE, default_mode=sweep.mode)
     rows = []
     for trial in sorted(analysis.trials, key=lambda t: t.trial_id):
-        params = {path: trial.config.get(path) for path in sweep.space}
-        frame = frames.get(trial.trial_id)
+        # The values its run ended with (under PBT the last perturbed ones), as its config.yaml holds them.
+        swept = _run_values(join(setup.trials_dir, trial.trial_id, CONFIG_FILE), sweep) or sweep.swept(trial.config)
+        frame = _trial_frame(join(setup.tune_dir, trial.trial_id, PROGRESS_FILE))
         final = best = None
-        rounds_done = 0
+        rounds_done = broken = 0
         if frame is not None and not frame.empty and sweep.metric in frame:
             # After a hard kill a restored trial re-reports the rounds after its last checkpoint.
             frame = frame.drop_duplicates("round", keep="last").sort_values("round")
@@ -311,12 +415,14 @@ def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
             final = float(values.iloc[-1])
             best = float(values.max() if sweep.mode == "max" else values.min())
             rounds_done = int(frame["round"].iloc[-1])
-        rounds = int(trial_values(setup.base, params)["fl"]["rounds"])
+            broken = int(frame["violations"].iloc[-1])
+        rounds = int(trial_values(setup.base, swept)["fl"]["rounds"])
         rows.append({
             "trial_id": trial.trial_id,
-            **params,
+            **swept,
             sweep.metric: final,
             f"best_{sweep.metric}": best,
+            "violations": broken,
             "rounds": rounds_done,
             "status": _status(trial.status, rounds_done, rounds),
             "run_dir": join(setup.trials_dir, trial.trial_id),
@@ -326,6 +432,56 @@ def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
             lines = (read_text(error_file) or "(no error.txt)").strip().splitlines()
             log.warning("trial %s failed: %s (traceback in %s)", trial.trial_id, lines[-1], error_file)
     return rows
+
+
+def _run_values(config_file: str, sweep: Sweep) -> dict[str, Any] | None:
+    """Config path -> value of the swept paths in a trial's config.yaml (None before it wrote one)."""
+    text = read_text(config_file)
+    if not text:
+        return None
+    values = yaml.safe_load(text)
+    swept = {}
+    for path in sweep.space:
+        node = values
+        for part in path.split("."):
+            node = node[part]
+        swept[path] = list(node) if isinstance(node, tuple) else node
+    return swept
+
+
+def _trial_frame(progress_file: str) -> Any:
+    """A trial's reported rounds from Tune's progress.csv (None before any). Not its result.json:
+    a trial PBT pauses and restarts gets that file copied onto itself, which empties it where the
+    sweep folder is local (Ray 2.60), while progress.csv keeps every round."""
+    import pandas
+
+    text = read_text(progress_file)
+    return pandas.read_csv(io.StringIO(text)) if text and text.strip() else None
+
+
+def ranked(rows: list[dict[str, Any]], metric: str, mode: str, within_budget: bool) -> list[dict[str, Any]]:
+    """Trials that reported `metric`, best first; with `within_budget`, those that broke a budget last."""
+    scored = [r for r in rows if r[metric] is not None]
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(scored, key=lambda r: (within_budget and r["violations"] > 0, sign * r[metric]))
+
+
+def _summarise_stopped(setup: TrialSetup, rows: list[dict[str, Any]]) -> None:
+    """summary.json for trials a scheduler stopped early (they never reach the run's end, which writes
+    it), so `hfl report OUT/trials/*` reads them as finished runs of fewer rounds."""
+    from hfl.config import load_config
+    from hfl.server import SUMMARY, summarise
+
+    for row in rows:
+        if row["status"] != "stopped":
+            continue
+        with staged(row["run_dir"], "--out") as (run_dir, push):
+            if (run_dir / SUMMARY).is_file() or not (run_dir / CONFIG_FILE).is_file():
+                continue
+            elapsed = sum(line["wall_seconds"] for line in read_metrics(run_dir))
+            summary = summarise(run_dir, load_config(run_dir / CONFIG_FILE), elapsed)
+            (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+            push()
 
 
 def _write_results(folder: str, rows: list[dict[str, Any]]) -> None:
@@ -352,22 +508,31 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
     """Run the sweep in `space_file` (or continue the interrupted one in `out`); see the module docstring.
 
     `overrides` (`key=value`) apply to the base experiment after the sweep file's own overrides.
+    Progress goes to the `hfl.tune.progress` logger (`hfl.tune.show_progress` prints it).
     """
     check_job_location(out, "--out")  # before the default folder, which is relative
     sweep = load_sweep(space_file, overrides)
     folder = _sweep_folder(sweep, out, resume)
-    setup = TrialSetup(sweep.base, join(folder, TRIALS_DIR), join(folder, TUNE_DIR), group=folder.rsplit("/", 1)[-1])
-    # Keep Ray Tune off the console (the CLI prints the results table): its new output engine prints
-    # an experiment banner even at verbose=0, and every forced state snapshot (Tune forces one when a
-    # trial has checkpointed num_to_keep times, i.e. every other round here) warns once it is frequent.
+    setup = TrialSetup(sweep.base, join(folder, TRIALS_DIR), join(folder, TUNE_DIR), group=folder.rsplit("/", 1)[-1],
+                       space=sweep.space, metric=sweep.metric, mode=sweep.mode, within_budget=sweep.within_budget)
+    # Keep Ray Tune off the console (the CLI prints progress and the results table): its new output
+    # engine prints an experiment banner even at verbose=0, and every forced state snapshot (Tune forces
+    # one when a trial has checkpointed num_to_keep times, i.e. every other round here) warns once it is frequent.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = _start_ray()
     try:
+        import ray
         from ray import tune
 
+        from hfl.tune.progress import PROGRESS
+
+        # From what the cluster advertises, not the driver's machine (a CPU head may drive GPU nodes).
+        concurrency = sweep.max_concurrent_trials or trials_at_once(sweep.resources_per_trial, ray.cluster_resources())
+        PROGRESS.info("sweep %s -> %s: %s by %s (%s), up to %d trial(s) at once, %s", sweep.name, folder, sweep.search,
+                      sweep.metric, sweep.mode, concurrency, "resumed" if resume else f"scheduler {sweep.scheduler.name}")
         trainable = tune.with_resources(make_trainable(setup), dict(sweep.resources_per_trial))
-        _tuner(sweep, folder, trainable, resume).fit()
+        _tuner(sweep, folder, trainable, resume, concurrency).fit()
         rows = _results(sweep, setup)
     finally:
         if started:
@@ -375,24 +540,27 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
 
             ray.shutdown()
 
+    _summarise_stopped(setup, rows)
     _write_results(folder, rows)
-    scored = [r for r in rows if r[sweep.metric] is not None]
-    pick = max if sweep.mode == "max" else min
-    best = pick(scored, key=lambda r: r[sweep.metric]) if scored else None
+    order = ranked(rows, sweep.metric, sweep.mode, sweep.within_budget)
+    best = order[0] if order and not (sweep.within_budget and order[0]["violations"]) else None
     best_config = None
     if best is not None:
-        config = trial_config(setup, {p: best[p] for p in sweep.space}, best["trial_id"])
+        config = swept_config(setup, {p: best[p] for p in sweep.space}, best["trial_id"])
         best_config = config.to_dict()
         write_text(join(folder, BEST_CONFIG_FILE), yaml.safe_dump(best_config, sort_keys=False))
     return TuneOutcome(
         folder if is_uri(folder) else Path(folder),
         best_config, best[sweep.metric] if best else None, rows, sweep.metric, sweep.mode, best["trial_id"] if best else None,
+        sweep.within_budget,
     )
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_cell(v) for v in value) + "]"
     return "-" if value is None else str(value)
 
 
@@ -414,8 +582,13 @@ def format_results(outcome: TuneOutcome) -> str:
         config = join(out, BEST_CONFIG_FILE)
         # `hfl run` reads a local file: a URI's copy is fetched first.
         lines.append(f"config: {config}   ({'copy it here, then hfl run ' + BEST_CONFIG_FILE if is_uri(out) else 'hfl run ' + config})")
+    elif outcome.within_budget and any(r["violations"] for r in outcome.results):
+        lines.append(f"\nno trial kept its budgets (within_budget: true); the violations column counts the client-rounds over budget")
     else:
         lines.append(f"\nno trial reported {outcome.metric}")
+    broken = [r["trial_id"] for r in outcome.results if r["violations"]]
+    if outcome.within_budget and broken:
+        lines.append(f"{len(broken)} trial(s) broke a budget and rank last: {', '.join(broken)}")
     lines.append(f"results: {join(out, RESULTS_FILE)}")
     if outcome.incomplete:
         lines.append(f"{len(outcome.incomplete)} trial(s) did not finish ({', '.join(outcome.incomplete)}); "

@@ -3,11 +3,20 @@
 Everything is checked when the file is loaded, before Ray starts: an unknown key, a malformed domain,
 or a space path whose values do not make a valid `ExperimentConfig` (each grid/choice value and each
 bound of a range is built into the base config) raises a ConfigError naming the field.
+
+Split ratios are searched as distributions: `{dirichlet: [a1, ..., ak]}` draws k shares that sum to 1
+(tier shares, `budgets.shares`), `{cumulative_dirichlet: [a1, ..., ak]}` their running sums, ascending
+ratios ending at 1 (ScaleFL's `method.ratios`, NeFL's `method.gammas`). Tune sees such a path as k
+uniform draws u_i in (0, 1), one per share, so every searcher and PBT handle it: the shares are
+G_i / sum G, G_i the Gamma(a_i) quantile of u_i, which is a Dirichlet(a) draw.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib.util
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +32,27 @@ from hfl.config import (
 )
 from hfl.errors import ConfigError
 
-DOMAINS = ("grid", "choice", "uniform", "loguniform")
-METRICS = ("accuracy", "loss")
-SCHEDULERS = ("fifo", "asha")
+DOMAINS = ("grid", "choice", "uniform", "loguniform", "dirichlet", "cumulative_dirichlet")
+SHARE_DOMAINS = ("dirichlet", "cumulative_dirichlet")
+OBJECTIVES = {
+    # the global model on the test set, as in every round's line of metrics.jsonl
+    "accuracy": "max", "loss": "min",
+    # summary.json's values as the run stands after the round (its final values at the last round)
+    "final_accuracy": "max", "best_accuracy": "max", "final_loss": "min", "final_perplexity": "min",
+    "worst_submodel_accuracy": "max", "mean_submodel_accuracy": "max",
+    "worst_exit_accuracy": "max", "mean_exit_accuracy": "max", "final_ensemble_accuracy": "max",
+    "budget_violations": "min", "total_flops": "min", "total_bytes_up": "min", "total_bytes_down": "min",
+    "mean_estimated_peak_bytes": "min", "max_estimated_peak_bytes": "min", "final_inference_peak_bytes": "min",
+}
+"""Metrics a sweep can rank trials by, with the mode each defaults to."""
+SCHEDULERS = ("fifo", "asha", "pbt")
+SEARCHES = ("random", "grid", "optuna")
 SWEEP_KEYS = (
-    "experiment", "overrides", "space", "metric", "mode", "num_samples", "scheduler", "max_concurrent_trials", "resources_per_trial",
+    "experiment", "overrides", "space", "metric", "mode", "within_budget", "num_samples", "search", "scheduler",
+    "max_concurrent_trials", "resources_per_trial",
 )
+SHARE_BOUND = 1e-6
+"""How close to 0 or 1 a share's uniform draw may come (PBT's perturbations scale draws past 1)."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +62,10 @@ class Domain:
     path: str
     """The dotted config path this domain sets, e.g. method.mu."""
     kind: str
-    """grid (every value, crossed with the other grids), choice (one at random), uniform or loguniform (a float in [lo, hi])."""
+    """grid (every value, crossed with the other grids), choice (one at random), uniform or loguniform (a
+    float in [lo, hi]), dirichlet (shares summing to 1) or cumulative_dirichlet (their running sums)."""
     values: tuple[Any, ...]
-    """The values of grid/choice; (lo, hi) of uniform/loguniform."""
+    """The values of grid/choice; (lo, hi) of uniform/loguniform; the concentrations of a dirichlet."""
 
     def __post_init__(self) -> None:
         name = f"space.{self.path}"
@@ -48,44 +73,120 @@ class Domain:
         if self.kind in ("grid", "choice"):
             check(len(self.values) >= 1, name, {self.kind: list(self.values)}, f"{{{self.kind}: [v1, v2, ...]}} with at least one value")
             return
+        if self.kind in SHARE_DOMAINS:
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in self.values)
+            check(len(self.values) >= 2 and numbers, name, {self.kind: list(self.values)},
+                  f"{{{self.kind}: [a1, a2, ...]}} with two or more concentrations > 0")
+            return
         numbers = len(self.values) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
         shown = {self.kind: list(self.values)}
         check(numbers and self.values[0] < self.values[1], name, shown, f"{{{self.kind}: [lo, hi]}} with numbers lo < hi")
         if self.kind == "loguniform":
             check(self.values[0] > 0, name, shown, "{loguniform: [lo, hi]} with 0 < lo < hi")
 
+    @property
+    def tune_keys(self) -> list[str]:
+        """The keys of this path in Tune's trial config: the path, or one per share of a dirichlet."""
+        return [f"{self.path}/u{i}" for i in range(len(self.values))] if self.kind in SHARE_DOMAINS else [self.path]
+
     def examples(self) -> list[Any]:
-        """Values to build into the base config at load time: every discrete value, both bounds of a range."""
+        """Values to build into the base config at load time: every discrete value, both bounds of a
+        range, a dirichlet's mean and a draw that gives almost everything to one share."""
         if self.kind in ("grid", "choice"):
             return list(self.values)
+        if self.kind in SHARE_DOMAINS:
+            skewed = {key: 1 - SHARE_BOUND if i == 0 else SHARE_BOUND for i, key in enumerate(self.tune_keys)}
+            return [self.shares(None), self.value(skewed)]
         return [float(v) for v in self.values]  # sampled values are floats: an integer field must refuse them
 
-    def to_tune(self) -> Any:
+    def value(self, params: Mapping[str, Any]) -> Any:
+        """This path's value in a trial whose Tune config is `params`."""
+        if self.kind not in SHARE_DOMAINS:
+            return params[self.path]
+        return self.shares([params[key] for key in self.tune_keys])
+
+    def shares(self, draws: Sequence[float] | None) -> list[float]:
+        """The shares (or running sums) for uniform draws `draws`; None gives the distribution's mean."""
+        from scipy.stats import gamma
+
+        alphas = [float(a) for a in self.values]
+        if draws is None:
+            weights = alphas
+        else:
+            weights = [float(gamma.ppf(min(max(u, SHARE_BOUND), 1 - SHARE_BOUND), a)) for u, a in zip(draws, alphas)]
+        total = sum(weights)
+        shares = [w / total for w in weights]
+        if self.kind == "dirichlet":
+            return shares
+        ratios = list(itertools.accumulate(shares))
+        ratios[-1] = 1.0  # exactly: the full model is the last level
+        return ratios
+
+    def to_tune(self) -> dict[str, Any]:
+        """Tune's domains for this path, by key of the trial config."""
         from ray import tune
 
         if self.kind == "grid":
-            return tune.grid_search(list(self.values))
+            return {self.path: tune.grid_search(list(self.values))}
         if self.kind == "choice":
-            return tune.choice(list(self.values))
+            return {self.path: tune.choice(list(self.values))}
+        if self.kind in SHARE_DOMAINS:
+            return {key: tune.uniform(SHARE_BOUND, 1 - SHARE_BOUND) for key in self.tune_keys}
         lo, hi = (float(v) for v in self.values)
-        return tune.uniform(lo, hi) if self.kind == "uniform" else tune.loguniform(lo, hi)
+        return {self.path: tune.uniform(lo, hi) if self.kind == "uniform" else tune.loguniform(lo, hi)}
+
+    def mutations(self) -> dict[str, Any]:
+        """What PBT may perturb this path to: numeric grid/choice values, ranges, a dirichlet's draws.
+        Other values (a method name, a partition) stay fixed: a trial cannot switch them midway."""
+        from ray import tune
+
+        if self.kind in ("grid", "choice"):
+            numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
+            return {self.path: list(self.values)} if numeric and len(self.values) > 1 else {}
+        if self.kind in SHARE_DOMAINS:
+            return {key: tune.uniform(SHARE_BOUND, 1 - SHARE_BOUND) for key in self.tune_keys}
+        return self.to_tune()
 
 
 @dataclass(frozen=True)
 class SchedulerSpec:
     name: str = "fifo"
-    """fifo (every trial runs all its rounds) or asha (stops weak trials early; its time unit is the round)."""
+    """fifo (every trial runs all its rounds), asha (stops weak trials early; its time unit is the round)
+    or pbt (population-based training: every `perturbation_interval` rounds a trial in the bottom
+    quantile continues from a top trial's hfl checkpoint with that trial's values, perturbed)."""
     grace_period: int = 1
     """asha: rounds every trial runs before it can be stopped."""
     reduction_factor: float = 2.0
     """asha: the share 1/reduction_factor of trials that go on at each rung."""
+    perturbation_interval: int = 2
+    """pbt: rounds between a trial's exploit/explore steps (a multiple of fl.checkpoint_every)."""
+    quantile_fraction: float = 0.25
+    """pbt: the share of trials that copy (bottom) and are copied (top)."""
+    resample_probability: float = 0.25
+    """pbt: the chance a perturbed value is drawn anew from its domain instead of scaled by 0.8 or 1.2."""
+    synch: bool = True
+    """pbt: exploit once every trial has reached the perturbation round, so which trial copies which
+    depends on the scores alone, not on which trial happened to report first (false: Tune's
+    asynchronous PBT, which keeps every slot busy)."""
 
     def __post_init__(self) -> None:
         check_choice("scheduler", self.name, SCHEDULERS)
         check(isinstance(self.grace_period, int) and self.grace_period >= 1, "scheduler.grace_period", self.grace_period, "an integer >= 1")
         check(self.reduction_factor > 1, "scheduler.reduction_factor", self.reduction_factor, "a number > 1")
-        if self.name == "fifo":
-            check((self.grace_period, self.reduction_factor) == (1, 2.0), "scheduler", self.name, "asha when grace_period or reduction_factor is given")
+        check(isinstance(self.perturbation_interval, int) and self.perturbation_interval >= 1, "scheduler.perturbation_interval",
+              self.perturbation_interval, "an integer >= 1")
+        check(0 < self.quantile_fraction <= 0.5, "scheduler.quantile_fraction", self.quantile_fraction, "a number in (0, 0.5]")
+        check(0 <= self.resample_probability <= 1, "scheduler.resample_probability", self.resample_probability, "a number in [0, 1]")
+        check(isinstance(self.synch, bool), "scheduler.synch", self.synch, "true or false")
+        defaults = SchedulerSpec.__dataclass_fields__
+        for key, owner in SCHEDULER_KEYS.items():
+            if owner != self.name and getattr(self, key) != defaults[key].default:
+                raise ConfigError(f"scheduler.{key}", getattr(self, key), f"a key of scheduler {owner}, not of {self.name}")
+
+
+SCHEDULER_KEYS = {"grace_period": "asha", "reduction_factor": "asha", "perturbation_interval": "pbt",
+                  "quantile_fraction": "pbt", "resample_probability": "pbt", "synch": "pbt"}
+"""Each scheduler setting, and the scheduler it belongs to."""
 
 
 @dataclass(frozen=True)
@@ -103,14 +204,21 @@ class Sweep:
     space: dict[str, Domain]
     """Dotted config path -> domain, in file order."""
     metric: str = "accuracy"
-    """Reported metric that ranks trials: accuracy or loss (of the global model on the test set)."""
+    """What ranks trials: a key of OBJECTIVES, e.g. worst_submodel_accuracy (summary.json's value as the
+    run stands after each round; a method without sub-models has one, its global model)."""
     mode: str = "max"
-    """max or min; default max for accuracy, min for loss."""
+    """max or min; default max for accuracies, min for the rest."""
+    within_budget: bool = False
+    """Trials that broke a budget (memory, FLOPs or upload: summary.json's violations) rank last: Tune
+    sees the worst value (ASHA stops them, PBT replaces them) and the best trial is one that kept them."""
     num_samples: int = 1
     """Samples of the space; with grids, each sample repeats the whole grid (as in Ray Tune)."""
+    search: str = "random"
+    """random (Tune's variant generator: grids crossed, other domains drawn with the experiment's seed),
+    grid (the same, every domain a grid) or optuna (Optuna's TPE, seeded; no grid domains)."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    max_concurrent_trials: int = 1
-    """Trials running at once."""
+    max_concurrent_trials: int | None = None
+    """Trials running at once; None (`auto` in the file): as many as the cluster's CPUs and GPUs hold."""
     resources_per_trial: dict[str, float] = field(default_factory=lambda: {"cpu": 1.0, "gpu": 0.0})
     """Ray resources each trial reserves."""
 
@@ -123,9 +231,14 @@ class Sweep:
         rounds = self.space.get("fl.rounds")
         return max(rounds.values) if rounds else int(self.base["fl"]["rounds"])
 
+    def swept(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Config path -> value for a trial whose Tune config is `params` (a dirichlet's shares resolved);
+        paths `params` does not set keep the base config's value."""
+        return {path: domain.value(params) for path, domain in self.space.items() if all(k in params for k in domain.tune_keys)}
+
     def trial_values(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The base config dict with one trial's sampled values set."""
-        return trial_values(self.base, params)
+        return trial_values(self.base, self.swept(params))
 
     def trial_config(self, params: Mapping[str, Any]) -> ExperimentConfig:
         return config_from_dict(self.trial_values(params))
@@ -138,9 +251,11 @@ class Sweep:
             "space": {p: {d.kind: list(d.values)} for p, d in self.space.items()},
             "metric": self.metric,
             "mode": self.mode,
+            "within_budget": self.within_budget,
             "num_samples": self.num_samples,
-            "scheduler": {"name": self.scheduler.name, "grace_period": self.scheduler.grace_period, "reduction_factor": self.scheduler.reduction_factor},
-            "max_concurrent_trials": self.max_concurrent_trials,
+            "search": self.search,
+            "scheduler": dataclasses.asdict(self.scheduler),
+            "max_concurrent_trials": "auto" if self.max_concurrent_trials is None else self.max_concurrent_trials,
             "resources_per_trial": dict(self.resources_per_trial),
             "base": self.base,
         }
@@ -169,7 +284,8 @@ def set_path(values: dict[str, Any], path: str, value: Any) -> None:
 
 
 def _domain(path: str, spec: Any) -> Domain:
-    allowed = "a mapping with one key: {grid: [..]}, {choice: [..]}, {uniform: [lo, hi]} or {loguniform: [lo, hi]}"
+    allowed = ("a mapping with one key: {grid: [..]}, {choice: [..]}, {uniform: [lo, hi]}, {loguniform: [lo, hi]}, "
+               "{dirichlet: [a1, a2, ..]} or {cumulative_dirichlet: [a1, a2, ..]}")
     parts = path.split(".") if isinstance(path, str) else []
     check(bool(parts) and all(p.isidentifier() for p in parts), "space", path, "dotted config paths such as method.mu or data.alpha")
     check(isinstance(spec, dict) and len(spec) == 1, f"space.{path}", spec, allowed)
@@ -206,11 +322,39 @@ def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
 def _scheduler(value: Any) -> SchedulerSpec:
     if isinstance(value, str):
         return SchedulerSpec(value)
-    known = ("name", "grace_period", "reduction_factor")
-    check(isinstance(value, dict), "scheduler", value, "fifo, asha, or a mapping {name: asha, grace_period: N, reduction_factor: F}")
+    known = ("name", *SCHEDULER_KEYS)
+    check(isinstance(value, dict), "scheduler", value, "fifo, asha, pbt, or a mapping such as {name: asha, grace_period: N, reduction_factor: F}")
     for key in value:
         check(key in known, f"scheduler.{key}", value[key], f"a key of scheduler: {', '.join(known)}")
     return SchedulerSpec(**value)
+
+
+def _concurrency(value: Any) -> int | None:
+    if value == "auto":
+        return None
+    return _positive_int("max_concurrent_trials", value, "auto (as many as the cluster holds) or an integer >= 1")
+
+
+def _check_search(search: str, scheduler: SchedulerSpec, space: dict[str, Domain], base: dict[str, Any]) -> None:
+    """Combinations Tune would refuse or run wrongly, named before Ray starts."""
+    check_choice("search", search, SEARCHES)
+    for path, domain in space.items():
+        if search == "grid":
+            check(domain.kind == "grid", f"space.{path}", {domain.kind: list(domain.values)}, "a {grid: [..]} (search: grid crosses grids only)")
+        if search == "optuna":
+            check(domain.kind != "grid", f"space.{path}", {domain.kind: list(domain.values)},
+                  "{choice: [..]} or a range (search: optuna samples; it does not cross grids)")
+    if search == "optuna":
+        check(scheduler.name != "pbt", "search", search, "random or grid with scheduler pbt (PBT makes its own population)")
+        check(importlib.util.find_spec("optuna") is not None, "search", search,
+              'random or grid here: optuna is not installed (pip install -e ".[optuna]")')
+    if scheduler.name == "pbt":
+        check(any(domain.mutations() for domain in space.values()), "scheduler", scheduler.name,
+              "pbt with a numeric space path to perturb (a range, a dirichlet, or a grid/choice of numbers)")
+        every = int(base["fl"]["checkpoint_every"])
+        # PBT copies a trial's latest hfl checkpoint: one must be written at every perturbation.
+        check(scheduler.perturbation_interval % every == 0, "scheduler.perturbation_interval", scheduler.perturbation_interval,
+              f"a multiple of fl.checkpoint_every ({every})")
 
 
 def _resources(value: Any) -> dict[str, float]:
@@ -224,8 +368,8 @@ def _resources(value: Any) -> dict[str, float]:
     return resources
 
 
-def _positive_int(name: str, value: Any) -> int:
-    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "an integer >= 1")
+def _positive_int(name: str, value: Any, allowed: str = "an integer >= 1") -> int:
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, allowed)
     return value
 
 
@@ -249,9 +393,14 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
         _check_path(base, p, domain)
 
     metric = raw.get("metric", "accuracy")
-    check_choice("metric", metric, METRICS)
-    mode = raw.get("mode", "max" if metric == "accuracy" else "min")
+    check_choice("metric", metric, OBJECTIVES)
+    mode = raw.get("mode", OBJECTIVES[metric])
     check_choice("mode", mode, ("max", "min"))
+    within_budget = raw.get("within_budget", False)
+    check(isinstance(within_budget, bool), "within_budget", within_budget, "true (trials that break a budget rank last) or false")
+    scheduler = _scheduler(raw.get("scheduler", "fifo"))
+    search = raw.get("search", "random")
+    _check_search(search, scheduler, space, base)
     return Sweep(
         file=file.resolve(),
         experiment=experiment,
@@ -260,8 +409,10 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
         space=space,
         metric=metric,
         mode=mode,
+        within_budget=within_budget,
         num_samples=_positive_int("num_samples", raw.get("num_samples", 1)),
-        scheduler=_scheduler(raw.get("scheduler", "fifo")),
-        max_concurrent_trials=_positive_int("max_concurrent_trials", raw.get("max_concurrent_trials", 1)),
+        search=search,
+        scheduler=scheduler,
+        max_concurrent_trials=_concurrency(raw.get("max_concurrent_trials", "auto")),
         resources_per_trial=_resources(raw.get("resources_per_trial", {})),
     )

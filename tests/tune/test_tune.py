@@ -69,7 +69,9 @@ def test_shipped_sweeps_load():
 def test_sweep_defaults_and_overrides(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path, overrides=["fl.rounds=3"]), ["fl.clients=8"])
     assert (sweep.base["fl"]["rounds"], sweep.base["fl"]["clients"]) == (3, 8)
-    assert (sweep.metric, sweep.mode, sweep.num_samples, sweep.max_concurrent_trials) == ("accuracy", "max", 1, 1)
+    # by default as many trials at once as the cluster holds (None: sized when Ray has started)
+    assert (sweep.metric, sweep.mode, sweep.num_samples, sweep.max_concurrent_trials) == ("accuracy", "max", 1, None)
+    assert (sweep.search, sweep.within_budget) == ("random", False)
     assert sweep.scheduler.name == "fifo" and sweep.resources_per_trial == {"cpu": 1.0, "gpu": 0.0}
     assert load_sweep(write_sweep(tmp_path, metric="loss")).mode == "min"
     config = sweep.trial_config({"fl.lr": 0.3, "data.alpha": 2.0})
@@ -329,3 +331,227 @@ def test_interrupted_sweep_on_a_uri_resumes_from_it(finished, ray_address, tmp_p
     assert resumed.best_metric == finished.best_metric
     with open(remote / "results.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["completed"] * 4
+
+
+# -- objectives, constraints, searchers, schedulers, distributions: no Ray ------------------------------
+def test_new_shipped_sweeps_load_with_the_papers_knobs():
+    pbt = load_sweep(ROOT / "tune_spaces" / "heterofl_pbt.yaml")
+    assert (pbt.metric, pbt.mode, pbt.within_budget, pbt.scheduler.name, pbt.num_samples) == ("worst_submodel_accuracy", "max", True, "pbt", 4)
+    assert pbt.trial_config({"fl.lr": 0.05}).budgets.memory == ("width:1/2", "width:1")
+    mfedepth = load_sweep(ROOT / "tune_spaces" / "mfedepth_distillation.yaml")
+    assert mfedepth.trial_config({"method.temperature": 2.0, "method.max_models": 3, "data.alpha": 0.3}).method.max_models == 3
+    assert mfedepth.scheduler.name == "asha" and mfedepth.within_budget
+    nefl = load_sweep(ROOT / "tune_spaces" / "nefl_steps.yaml")
+    mean = nefl.space["method.gammas"].examples()[0]
+    assert mean == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and mean[-1] == 1.0  # the paper's ratios on average
+    config = nefl.trial_config({"method.learnable_steps": False, "method.initial_steps": "do",
+                                **{f"method.gammas/u{i}": u for i, u in enumerate((0.1, 0.5, 0.9, 0.5, 0.5))}})
+    assert (config.method.scaling, config.method.learnable_steps, config.method.initial_steps) == ("d", False, "do")
+    assert list(config.method.gammas) == sorted(config.method.gammas) and config.method.gammas[-1] == 1.0
+    width = load_sweep(ROOT / "tune_spaces" / "width_methods.yaml")
+    assert (width.metric, width.within_budget) == ("worst_submodel_accuracy", True)
+
+
+def test_shipped_optuna_sweep_loads_scalefl_ratios():
+    pytest.importorskip("optuna")
+    scalefl = load_sweep(ROOT / "tune_spaces" / "scalefl_ratios.yaml")
+    assert scalefl.search == "optuna" and scalefl.space["method.ratios"].examples()[0] == pytest.approx([0.125, 0.25, 0.5, 1.0])
+    ratios = scalefl.trial_config({"method.alpha": 0.5, **{f"method.ratios/u{i}": 0.5 for i in range(4)}}).method.ratios
+    assert len(ratios) == 4 and list(ratios) == sorted(ratios) and ratios[-1] == 1.0
+
+
+def test_a_dirichlet_domain_draws_shares_that_sum_to_one_with_the_dirichlet_mean():
+    import numpy as np
+
+    from hfl.tune.space import Domain
+
+    shares = Domain("budgets.shares", "dirichlet", (1, 1, 2, 4))
+    rng = np.random.default_rng(0)
+    draws = np.array([shares.value({key: u for key, u in zip(shares.tune_keys, rng.uniform(size=4))}) for _ in range(4000)])
+    assert np.allclose(draws.sum(axis=1), 1.0) and (draws > 0).all()
+    # Dirichlet(1, 1, 2, 4): mean a_i / 8, and the first share's variance a(A - a) / (A^2 (A + 1)) = 7 / 576
+    assert draws.mean(axis=0) == pytest.approx([0.125, 0.125, 0.25, 0.5], abs=0.01)
+    assert draws[:, 0].var() == pytest.approx(7 / 576, rel=0.1)
+    running = Domain("method.ratios", "cumulative_dirichlet", (1, 1, 2, 4)).value({f"method.ratios/u{i}": 0.3 for i in range(4)})
+    assert running[-1] == 1.0 and all(a < b for a, b in zip(running, running[1:]))
+    assert shares.tune_keys == [f"budgets.shares/u{i}" for i in range(4)]
+
+
+def test_tier_shares_sweep_as_a_dirichlet(tmp_path):
+    space = {"budgets.shares": {"dirichlet": [2, 2]}}
+    sweep = load_sweep(write_sweep(tmp_path, space, overrides=["budgets.scenario=tiers", "budgets.memory=[width:1/2,width:1]"]))
+    config = sweep.trial_config({"budgets.shares/u0": 0.9, "budgets.shares/u1": 0.2})
+    assert sum(config.budgets.shares) == pytest.approx(1.0) and config.budgets.shares[0] > 0.5
+    assert sweep.swept({"budgets.shares/u0": 0.9, "budgets.shares/u1": 0.2}) == {"budgets.shares": list(config.budgets.shares)}
+
+
+@pytest.mark.parametrize(
+    ("extra", "space", "field", "allowed"),
+    [
+        ({"search": "bayes"}, SPACE, "search", "random, grid, optuna"),
+        ({"search": "grid"}, {"fl.lr": {"uniform": [0.01, 0.1]}}, "space.fl.lr", "search: grid crosses grids only"),
+        ({"search": "optuna"}, SPACE, "space.data.alpha", "it does not cross grids"),  # the file lists its keys sorted
+        ({"metric": "worst_accuracy"}, SPACE, "metric", "worst_submodel_accuracy"),
+        ({"within_budget": "yes"}, SPACE, "within_budget", "true (trials that break a budget rank last)"),
+        ({"max_concurrent_trials": "many"}, SPACE, "max_concurrent_trials", "auto (as many as the cluster holds)"),
+        ({"scheduler": {"name": "pbt", "perturbation_interval": 3}}, SPACE, "scheduler.perturbation_interval", "fl.checkpoint_every (2)"),
+        ({"scheduler": {"name": "pbt", "grace_period": 2}}, SPACE, "scheduler.grace_period", "a key of scheduler asha, not of pbt"),
+        ({"scheduler": "pbt"}, {"method.name": {"grid": ["fedavg", "fedprox"]}}, "scheduler", "a numeric space path to perturb"),
+        ({}, {"budgets.shares": {"dirichlet": [1]}}, "space.budgets.shares", "two or more concentrations > 0"),
+        ({}, {"budgets.shares": {"dirichlet": [1, 1]}}, "space.budgets.shares", "only with scenario=tiers"),
+    ],
+)
+def test_bad_search_scheduler_or_objective_names_the_field(tmp_path, extra, space, field, allowed):
+    overrides = extra.pop("overrides", ["fl.checkpoint_every=2"])
+    with pytest.raises(ConfigError) as error:
+        load_sweep(write_sweep(tmp_path, space, overrides=overrides, **extra))
+    assert error.value.field == field and allowed in error.value.allowed
+
+
+def test_any_summary_metric_is_an_objective_and_budget_breakers_rank_last(tmp_path):
+    from hfl.server import summarise
+    from hfl.tune.runner import WORST, objective, ranked, round_scores
+
+    # summary.json's values after a round, with the exit and ensemble metrics of an early-exit method
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({
+        "round": 1, "accuracy": 0.6, "loss": 1.2, "exit_accuracy": {"block3": 0.4, "block6": 0.6}, "ensemble_accuracy": 0.65,
+        "submodel_accuracy": {"depth3": 0.4, "depth9": 0.6}, "wall_seconds": 1.0,
+        "clients": [{"estimated_peak_bytes": 9, "budget_bytes": 8, "flops": 1, "bytes_up": 1, "bytes_down": 1, "tier": "a"}]}) + "\n")
+    scores = round_scores(summarise(tmp_path, load_config(write_sweep(tmp_path).parent / "tiny.yaml"), 1.0))
+    assert (scores["worst_exit_accuracy"], scores["mean_exit_accuracy"], scores["final_ensemble_accuracy"]) == (0.4, 0.5, 0.65)
+    assert (scores["worst_submodel_accuracy"], scores["accuracy"], scores["loss"], scores["budget_violations"]) == (0.4, 0.6, 1.2, 1)
+    assert objective(scores, "worst_exit_accuracy", "max", within_budget=False) == 0.4
+    assert objective(scores, "worst_exit_accuracy", "max", within_budget=True) == WORST["max"] < -1e300
+    assert objective(scores, "final_loss", "min", within_budget=True) == WORST["min"] > 1e300
+    # a method without sub-models: its one model is its worst and mean sub-model
+    plain = round_scores({"final_accuracy": 0.7, "final_loss": 0.9, "budget_violations": 0})
+    assert (plain["worst_submodel_accuracy"], plain["mean_submodel_accuracy"]) == (0.7, 0.7)
+
+    rows = [{"trial_id": t, "m": m, "violations": v} for t, m, v in (("a", 0.9, 3), ("b", 0.5, 0), ("c", 0.7, 0), ("d", None, 0))]
+    assert [r["trial_id"] for r in ranked(rows, "m", "max", within_budget=True)] == ["c", "b", "a"]
+    assert [r["trial_id"] for r in ranked(rows, "m", "max", within_budget=False)] == ["a", "c", "b"]
+    assert [r["trial_id"] for r in ranked(rows, "m", "min", within_budget=True)] == ["b", "c", "a"]
+
+
+def test_concurrent_trials_are_sized_by_the_clusters_resources():
+    from hfl.tune.runner import trials_at_once
+
+    assert trials_at_once({"cpu": 1.0, "gpu": 0.0}, {"CPU": 16.0}) == 16
+    assert trials_at_once({"cpu": 2.0, "gpu": 0.5}, {"CPU": 16.0, "GPU": 2.0}) == 4  # the GPUs hold 4
+    assert trials_at_once({"cpu": 4.0, "gpu": 0.0}, {"CPU": 2.0}) == 1  # never none
+    assert trials_at_once({"cpu": 1.0, "gpu": 1.0}, {"CPU": 8.0}) == 1  # GPU trials on a cluster without GPUs wait
+
+
+def test_progress_lines_name_the_trial_its_swept_values_and_the_round(tmp_path):
+    from hfl.tune.progress import round_line
+
+    sweep = load_sweep(write_sweep(tmp_path, {"fl.lr": {"loguniform": [0.01, 0.3]}, "data.alpha": {"grid": [0.3, 1.0]}},
+                                   metric="worst_submodel_accuracy"))
+    line = round_line(sweep, "ab_00001", {"fl.lr": 0.0123456, "data.alpha": 0.3},
+                      {"round": 1, "worst_submodel_accuracy": 0.41234, "accuracy": 0.5, "violations": 2}, 4)
+    assert line == "ab_00001 data.alpha=0.3 fl.lr=0.01235: round 1/4  worst_submodel_accuracy 0.4123  accuracy 0.5  violations 2"
+
+
+
+def test_the_cli_prints_progress_lines_once_on_stderr(capsys):
+    from hfl.tune.progress import PROGRESS, show_progress
+
+    saved = (list(PROGRESS.handlers), PROGRESS.level, PROGRESS.propagate)
+    try:
+        show_progress()
+        show_progress()  # a second call adds no second handler
+        PROGRESS.info("ab_00000 fl.lr=0.1: round 1/4  accuracy 0.5  violations 0")
+        assert capsys.readouterr().err == "ab_00000 fl.lr=0.1: round 1/4  accuracy 0.5  violations 0\n"
+    finally:
+        PROGRESS.handlers[:], PROGRESS.level, PROGRESS.propagate = saved
+
+# -- objectives, PBT, ASHA, progress and wandb with Ray ------------------------------------------------
+TWO_TIERS = ["method.name=heterofl", "method.widths=[1.0,0.5]", "budgets.scenario=tiers", "budgets.memory=[width:1/2,width:1]",
+             "budgets.shares=[0.5,0.5]"]
+
+
+@pytest.fixture
+def progress():
+    """The progress lines a sweep logs, in order (a handler of their own logger: the CLI's
+    `show_progress` stops them from reaching the root logger, and so pytest's caplog)."""
+    import logging
+
+    from hfl.tune.progress import PROGRESS
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    handler, level = Lines(), PROGRESS.level
+    PROGRESS.addHandler(handler)
+    PROGRESS.setLevel(logging.INFO)
+    yield handler.lines
+    PROGRESS.removeHandler(handler)
+    PROGRESS.setLevel(level)
+
+
+@pytest.mark.slow
+def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoint(ray_address, tmp_path, progress):
+    path = write_sweep(tmp_path, {"fl.lr": {"loguniform": [0.005, 0.3]}}, overrides=TWO_TIERS, num_samples=4,
+                       metric="worst_submodel_accuracy", within_budget=True, scheduler={"name": "pbt", "perturbation_interval": 2})
+    outcome = run_tune(str(path), out=str(tmp_path / "out"))
+
+    assert [r["status"] for r in outcome.results] == ["completed"] * 4
+    worst = {r["trial_id"]: json.loads((Path(r["run_dir"]) / "summary.json").read_text())["worst_submodel_accuracy"] for r in outcome.results}
+    assert {r["trial_id"]: r["worst_submodel_accuracy"] for r in outcome.results} == worst
+    assert outcome.best_metric == max(worst.values()) and outcome.metric == "worst_submodel_accuracy"
+    # Progress from the first round of every trial, before any trial ended.
+    lines = progress
+    for row in outcome.results:
+        assert any(line.startswith(f"{row['trial_id']} fl.lr=") and "round 1/4  worst_submodel_accuracy" in line for line in lines)
+    first_end = next(i for i, line in enumerate(lines) if "ended after round" in line)
+    assert any("round 1/4" in line for line in lines[:first_end])
+    # PBT's exploit: a trial went on from another trial's hfl checkpoint at round 2 (its history up to
+    # there is that trial's) with a perturbed learning rate.
+    runs = {r["trial_id"]: read_metrics(Path(r["run_dir"])) for r in outcome.results}
+    history = {t: [(x["accuracy"], x["loss"], x["lr"]) for x in records] for t, records in runs.items()}
+    cloned = [(t, d) for t in runs for d in runs if t != d and history[t][:2] == history[d][:2] and history[t][2][2] != history[t][1][2]]
+    assert cloned, history
+    trial, _ = cloned[0]
+    assert load_config(Path(outcome.results[0]["run_dir"]).parent / trial / "config.yaml").fl.lr == history[trial][-1][2]
+
+
+@pytest.mark.slow
+def test_asha_ranks_trials_that_break_budgets_last_and_each_trial_is_a_wandb_run(ray_address, tmp_path, progress):
+    from hfl.report import write_report
+    from hfl.tune.runner import WORST
+    from tests.test_wandb import items, wandb_records
+
+    space = {"method.name": {"grid": ["heterofl", "fedavg"]}, "fl.lr": {"grid": [0.03, 0.1]}}
+    path = write_sweep(tmp_path, space, overrides=["budgets.scenario=fair", "fl.rounds=3", "logging.wandb=true"],
+                       metric="worst_submodel_accuracy", within_budget=True, scheduler={"name": "asha", "grace_period": 1})
+    out = tmp_path / "out"
+    outcome = run_tune(str(path), out=str(out))
+
+    rows = {(r["method.name"], r["fl.lr"]): r for r in outcome.results}
+    assert all(rows[("fedavg", lr)]["violations"] > 0 and rows[("heterofl", lr)]["violations"] == 0 for lr in (0.03, 0.1))
+    best = rows[("heterofl", 0.03)] if rows[("heterofl", 0.03)]["worst_submodel_accuracy"] >= rows[("heterofl", 0.1)]["worst_submodel_accuracy"] else rows[("heterofl", 0.1)]
+    assert outcome.best_trial == best["trial_id"]  # whatever FedAvg's accuracy: it broke its budgets
+    for lr in (0.03, 0.1):  # Tune saw the worst value for the trials out of budget, so ASHA may stop them
+        reported = [json.loads(line) for line in (out / "tune" / rows[("fedavg", lr)]["trial_id"] / "result.json").read_text().splitlines()]
+        assert {r["objective"] for r in reported} == {WORST["max"]}
+    assert "broke a budget and rank last" in format_results(outcome)
+    for row in outcome.results:
+        run = Path(row["run_dir"])
+        summary = json.loads((run / "summary.json").read_text())  # also for trials ASHA stopped early
+        assert summary["final_accuracy"] == read_metrics(run)[-1]["accuracy"] and len(read_metrics(run)) == row["rounds"]
+        # every trial is a wandb run grouped by the sweep, carrying its swept values (a trial ASHA stops
+        # loses its Ray worker before wandb's service has written the run's file: not checked)
+        if row["status"] != "completed":
+            continue
+        (record,) = [r.run for r in wandb_records(run) if r.WhichOneof("record_type") == "run"]
+        config = items(record.config.update)
+        assert (record.run_group, record.job_type) == ("out", row["method.name"])
+        assert config["swept"] == {"method.name": row["method.name"], "fl.lr": row["fl.lr"]}
+    assert len({line.split(":")[0] for line in progress if "round 1/3" in line}) == 4
+    text = write_report([str(out)], tmp_path / "report").read_text()
+    assert "| run | fl.lr | method.name |" in text.replace("| run | method.name | fl.lr |", "| run | fl.lr | method.name |")
