@@ -86,8 +86,9 @@ class Domain:
 
     @property
     def tune_keys(self) -> list[str]:
-        """The keys of this path in Tune's trial config: the path, or one per share of a dirichlet."""
-        return [f"{self.path}/u{i}" for i in range(len(self.values))] if self.kind in SHARE_DOMAINS else [self.path]
+        """The keys of this path in Tune's trial config: the path, or `path[i]` per share of a dirichlet
+        (no `/`: Optuna's space flattening splits keys there)."""
+        return [f"{self.path}[{i}]" for i in range(len(self.values))] if self.kind in SHARE_DOMAINS else [self.path]
 
     def examples(self) -> list[Any]:
         """Values to build into the base config at load time: every discrete value, both bounds of a

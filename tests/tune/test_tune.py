@@ -345,7 +345,7 @@ def test_new_shipped_sweeps_load_with_the_papers_knobs():
     mean = nefl.space["method.gammas"].examples()[0]
     assert mean == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and mean[-1] == 1.0  # the paper's ratios on average
     config = nefl.trial_config({"method.learnable_steps": False, "method.initial_steps": "do",
-                                **{f"method.gammas/u{i}": u for i, u in enumerate((0.1, 0.5, 0.9, 0.5, 0.5))}})
+                                **{f"method.gammas[{i}]": u for i, u in enumerate((0.1, 0.5, 0.9, 0.5, 0.5))}})
     assert (config.method.scaling, config.method.learnable_steps, config.method.initial_steps) == ("d", False, "do")
     assert list(config.method.gammas) == sorted(config.method.gammas) and config.method.gammas[-1] == 1.0
     width = load_sweep(ROOT / "tune_spaces" / "width_methods.yaml")
@@ -356,7 +356,7 @@ def test_shipped_optuna_sweep_loads_scalefl_ratios():
     pytest.importorskip("optuna")
     scalefl = load_sweep(ROOT / "tune_spaces" / "scalefl_ratios.yaml")
     assert scalefl.search == "optuna" and scalefl.space["method.ratios"].examples()[0] == pytest.approx([0.125, 0.25, 0.5, 1.0])
-    ratios = scalefl.trial_config({"method.alpha": 0.5, **{f"method.ratios/u{i}": 0.5 for i in range(4)}}).method.ratios
+    ratios = scalefl.trial_config({"method.alpha": 0.5, **{f"method.ratios[{i}]": 0.5 for i in range(4)}}).method.ratios
     assert len(ratios) == 4 and list(ratios) == sorted(ratios) and ratios[-1] == 1.0
 
 
@@ -372,17 +372,17 @@ def test_a_dirichlet_domain_draws_shares_that_sum_to_one_with_the_dirichlet_mean
     # Dirichlet(1, 1, 2, 4): mean a_i / 8, and the first share's variance a(A - a) / (A^2 (A + 1)) = 7 / 576
     assert draws.mean(axis=0) == pytest.approx([0.125, 0.125, 0.25, 0.5], abs=0.01)
     assert draws[:, 0].var() == pytest.approx(7 / 576, rel=0.1)
-    running = Domain("method.ratios", "cumulative_dirichlet", (1, 1, 2, 4)).value({f"method.ratios/u{i}": 0.3 for i in range(4)})
+    running = Domain("method.ratios", "cumulative_dirichlet", (1, 1, 2, 4)).value({f"method.ratios[{i}]": 0.3 for i in range(4)})
     assert running[-1] == 1.0 and all(a < b for a, b in zip(running, running[1:]))
-    assert shares.tune_keys == [f"budgets.shares/u{i}" for i in range(4)]
+    assert shares.tune_keys == [f"budgets.shares[{i}]" for i in range(4)]
 
 
 def test_tier_shares_sweep_as_a_dirichlet(tmp_path):
     space = {"budgets.shares": {"dirichlet": [2, 2]}}
     sweep = load_sweep(write_sweep(tmp_path, space, overrides=["budgets.scenario=tiers", "budgets.memory=[width:1/2,width:1]"]))
-    config = sweep.trial_config({"budgets.shares/u0": 0.9, "budgets.shares/u1": 0.2})
+    config = sweep.trial_config({"budgets.shares[0]": 0.9, "budgets.shares[1]": 0.2})
     assert sum(config.budgets.shares) == pytest.approx(1.0) and config.budgets.shares[0] > 0.5
-    assert sweep.swept({"budgets.shares/u0": 0.9, "budgets.shares/u1": 0.2}) == {"budgets.shares": list(config.budgets.shares)}
+    assert sweep.swept({"budgets.shares[0]": 0.9, "budgets.shares[1]": 0.2}) == {"budgets.shares": list(config.budgets.shares)}
 
 
 @pytest.mark.parametrize(
@@ -555,3 +555,19 @@ def test_asha_ranks_trials_that_break_budgets_last_and_each_trial_is_a_wandb_run
     assert len({line.split(":")[0] for line in progress if "round 1/3" in line}) == 4
     text = write_report([str(out)], tmp_path / "report").read_text()
     assert "| run | fl.lr | method.name |" in text.replace("| run | method.name | fl.lr |", "| run | fl.lr | method.name |")
+
+
+@pytest.mark.slow
+def test_optuna_searches_learning_rate_and_tier_shares(ray_address, tmp_path):
+    pytest.importorskip("optuna")
+    space = {"fl.lr": {"loguniform": [0.01, 0.3]}, "budgets.shares": {"dirichlet": [2, 2]}}
+    path = write_sweep(tmp_path, space, overrides=[*TWO_TIERS[:-1], "fl.rounds=2"], num_samples=3, search="optuna",
+                       metric="mean_submodel_accuracy")
+    outcome = run_tune(str(path), out=str(tmp_path / "out"))
+
+    assert [r["status"] for r in outcome.results] == ["completed"] * 3
+    assert len({r["fl.lr"] for r in outcome.results}) == 3 and all(0.01 <= r["fl.lr"] <= 0.3 for r in outcome.results)
+    for row in outcome.results:  # the draws became shares that sum to 1, and the run used them
+        config = load_config(Path(row["run_dir"]) / "config.yaml")
+        assert list(config.budgets.shares) == row["budgets.shares"] and sum(row["budgets.shares"]) == pytest.approx(1.0)
+    assert list((tmp_path / "out" / "tune").glob("searcher-state-*.pkl"))  # Optuna's TPE picked them (its state, for --resume)
