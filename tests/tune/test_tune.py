@@ -510,11 +510,12 @@ def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoin
         assert any(line.startswith(f"{row['trial_id']} fl.lr=") and "round 1/4  worst_submodel_accuracy" in line for line in lines)
     first_end = next(i for i, line in enumerate(lines) if "ended after round" in line)
     assert any("round 1/4" in line for line in lines[:first_end])
-    # PBT's exploit: a trial went on from another trial's hfl checkpoint at round 2 (its history up to
-    # there is that trial's) with a perturbed learning rate.
+    # PBT's exploit: a trial went on from another trial's hfl checkpoint (of round 1 or 2: the latest
+    # Tune held; its history up to there is that trial's) with a perturbed learning rate.
     runs = {r["trial_id"]: read_metrics(Path(r["run_dir"])) for r in outcome.results}
     history = {t: [(x["accuracy"], x["loss"], x["lr"]) for x in records] for t, records in runs.items()}
-    cloned = [(t, d) for t in runs for d in runs if t != d and history[t][:2] == history[d][:2] and history[t][2][2] != history[t][1][2]]
+    cloned = [(t, d) for t in runs for d in runs for k in (1, 2)
+              if t != d and history[t][:k] == history[d][:k] and history[t][k][2] != history[t][k - 1][2]]
     assert cloned, history
     trial, _ = cloned[0]
     assert load_config(Path(outcome.results[0]["run_dir"]).parent / trial / "config.yaml").fl.lr == history[trial][-1][2]
