@@ -7,6 +7,15 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's `--dist loadgroup` (.ci/run) a module's tests share a worker, so that its
+    module-scoped fixtures (a Ray cluster, a finished sweep) are built once; a test that names its
+    own `xdist_group` (the golden shards) keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(autouse=True)
 def _offline_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -10,6 +10,7 @@ and MKL (`PINNED_ISA`), which every x86-64 machine of the last decade has.
 
     python -m tests.golden.runs --record          # rewrite tests/golden/fixtures/ (a deliberate change of numbers)
     python -m tests.golden.runs --out runs.json   # what the test compares
+    python -m tests.golden.runs --record --only fedmef   # rewrite the fixtures of the runs whose names contain fedmef
 """
 
 from __future__ import annotations
@@ -114,10 +115,18 @@ def run_all(names: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     return {name: run(*selected[name]) for name in (names or selected)}
 
 
-def run_pinned(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every golden run in a fresh process with the pinned instruction set (set before torch loads)."""
+def selected_names(only: list[str] | None, exact: bool = False) -> list[str]:
+    """The golden runs whose names contain one of `only` (are one of them, `exact`), all without it."""
+    names = list(runs())
+    return [n for n in names if not only or any(part == n if exact else part in n for part in only)]
+
+
+def run_pinned(out: Path, only: list[str] | None = None, exact: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """The golden runs (`selected_names(only, exact)`) in a fresh process with the pinned instruction
+    set (set before torch loads)."""
     env = {**os.environ, **PINNED_ISA, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    subprocess.run([sys.executable, "-m", "tests.golden.runs", "--out", str(out)], env=env, cwd=ROOT, check=True)
+    subset = [arg for part in only or [] for arg in ("--only", part)] + (["--exact"] if exact else [])
+    subprocess.run([sys.executable, "-m", "tests.golden.runs", "--out", str(out), *subset], env=env, cwd=ROOT, check=True)
     return json.loads(out.read_text())
 
 
@@ -125,20 +134,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="rewrite the fixtures from a pinned run")
     parser.add_argument("--out", help="write every run's metrics to this JSON file (run in this process)")
+    parser.add_argument("--only", action="append", metavar="PART", help="only the runs whose names contain PART (repeatable)")
+    parser.add_argument("--exact", action="store_true", help="--only names whole runs")
     args = parser.parse_args()
+    names = selected_names(args.only, args.exact)
+    if not names:
+        sys.exit(f"--only {args.only} matches no golden run")
     logging.disable(logging.WARNING)
     if args.out:
         missing = {k: v for k, v in PINNED_ISA.items() if os.environ.get(k) != v}
         if missing:
             sys.exit(f"set {missing} before starting Python (run_pinned does)")
-        Path(args.out).write_text(json.dumps(run_all()))
+        Path(args.out).write_text(json.dumps(run_all(names)))
         return
     if args.record:
         with tempfile.TemporaryDirectory() as tmp:
-            found = run_pinned(Path(tmp) / "runs.json")
+            found = run_pinned(Path(tmp) / "runs.json", args.only, args.exact)
         FIXTURES.mkdir(exist_ok=True)
         for old in FIXTURES.glob("*.json"):
-            old.unlink()
+            if not args.only or old.stem in found:
+                old.unlink()
         for name, records in found.items():
             (FIXTURES / f"{name}.json").write_text(json.dumps(records, indent=1) + "\n")
         print(f"recorded {len(found)} runs in {FIXTURES}")
