@@ -20,7 +20,7 @@ Dynamic Pruning", CVPR 2024 (Algorithm 1): FedTiny's server-side prune/grow plus
   standardises each filter over its kept entries (γ `ns_gamma`, the paper gives none: the ReLU gain
   √(2/(1 − 1/π)) by default) in a model without normalisation layers, which `model.norm=auto` builds
   for FedMef, whose residual branches are scaled by α = 0.2 (`residual_scale`, as in norm-free
-  ResNets); `method.nsconv=false` runs SAP on the configured norms (the paper's "w/o NSConv").
+  ResNets) and each filter has a learnable gain and bias (`ns_affine`, NF-Nets'); `method.nsconv=false` runs SAP on the configured norms (the paper's "w/o NSConv").
   The growth criterion's dense gradient is taken with respect to the effective weights the
   convolutions apply (the stored weights' gradient is masked by the standardisation).
 """
@@ -66,6 +66,10 @@ class FedMefConfig(FedTinyConfig):
     """Whether every convolution is an NSConv (needs `model.norm=none`, which auto gives FedMef)."""
     ns_gamma: float = RELU_GAMMA
     """γ of NSConv (Eq. 7): the paper gives none; by default the ReLU gain √(2/(1 − 1/π))."""
+    ns_affine: bool = True
+    """With NSConv, a learnable gain (initially 1) and bias (initially 0) per filter, as NF-Nets'
+    weight-standardised convolutions: the standardisation fixes each filter's scale and the model has
+    no norms to learn one. Folded into the effective weight, they keep no activation for backward."""
     residual_scale: float = 0.2
     """With NSConv, each residual branch of the norm-free model is scaled by this constant
     (NF-ResNets' α = 0.2): without batch norm nothing else keeps the residual stream's variance from
@@ -105,7 +109,7 @@ class FedMef(FedTiny):
             for block in getattr(model, "body", ()):
                 if isinstance(block, ResidualBlock):  # MobileNetV2's blocks without a shortcut are not
                     block.fix_step_sizes(self.config.residual_scale)
-        return normalize_convolutions(model, self.config.ns_gamma)
+        return normalize_convolutions(model, self.config.ns_gamma, self.config.ns_affine)
 
     def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
         return prune_activations(super().client_model(spec, norm), self.config.activation_sparsity, self.relu_masks)

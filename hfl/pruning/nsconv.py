@@ -48,35 +48,47 @@ def _standardized(flat: Tensor, keep: Tensor, mean: Tensor, sigma: Tensor) -> Te
 
 
 class _EffectiveWeight(torch.autograd.Function):
-    """γ·(θ⊙m − μ)/(σ·√k) per filter (k its kept entries), re-masked, with the backward of a
-    standardisation written out (grad_θ = m·scale/σ·(g − mean(g) − z·mean(g·z)), means over the kept
-    entries, z the standardised weight): it keeps nothing of weight size for backward (the weight and
-    mask are resident, k, μ and σ are one number per filter) and recomputes z, where autograd through
-    the formula would keep several weight-sized intermediates per layer."""
+    """γ·g·(θ⊙m − μ)/(σ·√k) per filter (k its kept entries, g its learnable gain or 1), re-masked, with
+    the backward of a standardisation written out (grad_θ = m·g·scale/σ·(G − mean(G) − z·mean(G·z)),
+    means over the kept entries, z the standardised weight): it keeps nothing of weight size for
+    backward (the weight and mask are resident, k, μ and σ are one number per filter) and recomputes
+    z, where autograd through the formula would keep several weight-sized intermediates per layer."""
 
     @staticmethod
-    def forward(ctx: Any, weight: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    def forward(ctx: Any, weight: Tensor, mask: Tensor, gamma: float, gain: Tensor | None) -> Tensor:
         flat, keep = weight.flatten(1), mask.flatten(1)
         count, mean, sigma = _filter_statistics(flat, keep)
-        ctx.save_for_backward(weight, mask, count, mean, sigma)
+        ctx.save_for_backward(weight, mask, count, mean, sigma, gain)
         ctx.gamma = gamma
-        return _standardized(flat, keep, mean, sigma).mul_(gamma / count.sqrt()).view_as(weight)
+        scale = gamma / count.sqrt()
+        if gain is not None:
+            scale = scale * gain.unsqueeze(1)
+        return _standardized(flat, keep, mean, sigma).mul_(scale).view_as(weight)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
-        weight, mask, count, mean, sigma = ctx.saved_tensors
-        return standardization_backward(weight, mask, grad, ctx.gamma, (count, mean, sigma)), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, Tensor | None]:
+        weight, mask, count, mean, sigma, gain = ctx.saved_tensors
+        grad_gain = None
+        if gain is not None and ctx.needs_input_grad[3]:
+            unit = _standardized(weight.flatten(1), mask.flatten(1), mean, sigma).mul_(ctx.gamma / count.sqrt())
+            grad_gain = unit.mul_(grad.flatten(1)).sum(1)
+            del unit
+        grad_weight = standardization_backward(weight, mask, grad, ctx.gamma, (count, mean, sigma), gain)
+        return grad_weight, None, None, grad_gain
 
 
 def standardization_backward(
-    weight: Tensor, mask: Tensor, grad: Tensor, gamma: float, statistics: tuple[Tensor, Tensor, Tensor] | None = None
+    weight: Tensor, mask: Tensor, grad: Tensor, gamma: float, statistics: tuple[Tensor, Tensor, Tensor] | None = None,
+    gain: Tensor | None = None,
 ) -> Tensor:
     """The gradient with respect to `weight` of a loss whose gradient with respect to
-    `effective_weight(weight, mask, gamma)` is `grad`."""
+    `effective_weight(weight, mask, gamma, gain)` is `grad`."""
     flat, keep = weight.flatten(1), mask.flatten(1)
     count, mean, sigma = statistics or _filter_statistics(flat, keep)
     z = _standardized(flat, keep, mean, sigma)
     g = grad.flatten(1) * keep
+    if gain is not None:
+        g.mul_(gain.unsqueeze(1))
     mean_g = g.sum(1, keepdim=True) / count
     mean_gz = (g * z).sum(1, keepdim=True) / count
     return g.sub_(mean_g).sub_(z.mul_(mean_gz)).mul_(keep).mul_(gamma / (count.sqrt() * sigma)).view_as(weight)
@@ -93,25 +105,29 @@ def standardized_filters(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA
     return effective_weight(weight, mask, gamma) * kept_count(mask).to(weight.dtype)
 
 
-def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:
-    """The weight a standard convolution applies for NSConv: θ̂ / c_in."""
-    return _EffectiveWeight.apply(weight, mask, gamma)
+def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA, gain: Tensor | None = None) -> Tensor:
+    """The weight a standard convolution applies for NSConv: θ̂ / c_in, each filter times its `gain`
+    when one is given."""
+    return _EffectiveWeight.apply(weight, mask, gamma, gain)
 
 
 class NSConv2d(nn.Conv2d):
     """A Conv2d that convolves with its NSConv effective weight. `mask` (same shape as the weight,
     all kept by default) is a non-persistent buffer: the state keys stay those of a Conv2d, and
-    whoever loads weights into the model loads the masks with them (`load_masks`)."""
+    whoever loads weights into the model loads the masks with them (`load_masks`). With `affine`,
+    each filter also has a learnable gain (state key `gain`, initially 1) and bias (initially 0), as
+    the weight-standardised convolutions of NF-Nets (Brock et al. 2021): the standardisation fixes
+    every filter's scale, and without norms nothing else could learn one."""
 
     mask: Tensor
     gamma: float
+    gain: nn.Parameter | None
     held_weight: Tensor | None = None
     """While set (`applied_weights`), the weight the forward applies instead of computing it."""
 
-    def __init__(self, *args: Any, gamma: float = RELU_GAMMA, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gamma: float = RELU_GAMMA, affine: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.gamma = gamma
-        self.register_buffer("mask", torch.ones_like(self.weight, dtype=torch.bool), persistent=False)
+        _make_normalized(self, gamma, affine)
 
     def set_mask(self, mask: Tensor) -> None:
         self.mask.copy_(mask)
@@ -119,21 +135,31 @@ class NSConv2d(nn.Conv2d):
     def applied_weight(self) -> Tensor:
         if self.held_weight is not None:
             return self.held_weight
-        return effective_weight(self.weight, self.mask, self.gamma)
+        return effective_weight(self.weight, self.mask, self.gamma, self.gain)
 
     def forward(self, x: Tensor) -> Tensor:
         return self._conv_forward(x, self.applied_weight(), self.bias)
 
 
-def normalize_convolutions(model: nn.Module, gamma: float = RELU_GAMMA) -> nn.Module:
-    """Switch every plain Conv2d of `model` (in place) to an NSConv2d with all entries kept,
-    keeping its parameters and state keys; returns `model`."""
+def _make_normalized(conv: nn.Conv2d, gamma: float, affine: bool) -> None:
+    """Give `conv` what an NSConv2d holds beyond a Conv2d's parameters."""
+    conv.gamma = gamma
+    conv.register_buffer("mask", torch.ones_like(conv.weight, dtype=torch.bool), persistent=False)
+    like = {"dtype": conv.weight.dtype, "device": conv.weight.device}
+    conv.register_parameter("gain", nn.Parameter(torch.ones(conv.out_channels, **like)) if affine else None)
+    if affine and conv.bias is None:
+        conv.bias = nn.Parameter(torch.zeros(conv.out_channels, **like))
+
+
+def normalize_convolutions(model: nn.Module, gamma: float = RELU_GAMMA, affine: bool = False) -> nn.Module:
+    """Switch every plain Conv2d of `model` (in place) to an NSConv2d with all entries kept, keeping
+    its parameters and state keys (with `affine`, adding a gain per filter and a bias where it had
+    none); returns `model`."""
     for module in model.modules():
         if type(module) is nn.Conv2d:
             # The class changes, the object stays: parents, parameters and hooks still point at it.
             module.__class__ = NSConv2d
-            module.gamma = gamma
-            module.register_buffer("mask", torch.ones_like(module.weight, dtype=torch.bool), persistent=False)
+            _make_normalized(module, gamma, affine)
     return model
 
 

@@ -59,31 +59,36 @@ class _PrunedInputConv2d(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv: nn.Conv2d, sparsity: float, mask: Tensor | None = None, gamma: float = 1.0
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv: nn.Conv2d, sparsity: float, mask: Tensor | None = None,
+        gamma: float = 1.0, gain: Tensor | None = None,
     ) -> Tensor:
         values, positions = compress_top(x, sparsity)
-        ctx.save_for_backward(values, positions, weight, mask)
+        ctx.save_for_backward(values, positions, weight, mask, gain)
         ctx.shape, ctx.conv, ctx.has_bias, ctx.gamma = x.shape, conv, bias is not None, gamma
-        applied = weight if mask is None else effective_weight(weight, mask, gamma)
+        applied = weight if mask is None else effective_weight(weight, mask, gamma, gain)
         return F.conv2d(x, applied, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        values, positions, weight, mask = ctx.saved_tensors
+        values, positions, weight, mask, gain = ctx.saved_tensors
         conv = ctx.conv
         args = (conv.stride, conv.padding, conv.dilation, conv.groups)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            applied = weight if mask is None else effective_weight(weight, mask, ctx.gamma)
+            applied = weight if mask is None else effective_weight(weight, mask, ctx.gamma, gain)
             grad_x = torch.nn.grad.conv2d_input(ctx.shape, applied, grad_out, *args)
             del applied
-        grad_w = None
-        if ctx.needs_input_grad[1]:
+        grad_w = grad_gain = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[7]:
             grad_w = torch.nn.grad.conv2d_weight(decompress(values, positions, ctx.shape), weight.shape, grad_out, *args)
-            if mask is not None:  # through the standardisation to the stored weight
-                grad_w = standardization_backward(weight, mask, grad_w, ctx.gamma)
+            if mask is not None:  # through the gain and the standardisation to the stored weight
+                if gain is not None and ctx.needs_input_grad[7]:
+                    grad_gain = effective_weight(weight, mask, ctx.gamma).mul_(grad_w).flatten(1).sum(1)
+                grad_w = standardization_backward(weight, mask, grad_w, ctx.gamma, gain=gain)
+            if not ctx.needs_input_grad[1]:
+                grad_w = None
         grad_b = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, grad_gain
 
 
 class _PrunedInputLinear(torch.autograd.Function):
@@ -126,7 +131,7 @@ class ActivationPrunedNSConv2d(ActivationPrunedConv2d, NSConv2d):
             return NSConv2d.forward(self, x)
         if self.held_weight is not None:
             return _PrunedInputConv2d.apply(x, self.held_weight, self.bias, self, self.activation_sparsity)
-        return _PrunedInputConv2d.apply(x, self.weight, self.bias, self, self.activation_sparsity, self.mask, self.gamma)
+        return _PrunedInputConv2d.apply(x, self.weight, self.bias, self, self.activation_sparsity, self.mask, self.gamma, self.gain)
 
 
 class ActivationPrunedLinear(nn.Linear):

@@ -162,6 +162,24 @@ def test_clients_and_evaluation_standardise_over_the_global_masks():
         assert torch.equal(layer.mask.cpu(), state.masks[f"{name}.weight"]), name
 
 
+def test_each_filters_gain_and_bias_start_neutral_and_train():
+    config = cifar_config("fedmef")
+    env = ClientEnvironment.from_config(config)
+    method, state = env.method, env.method.init_state()
+    weights = initial_state(config, env).global_state
+    layers = nsconv_layers(method.model)
+    assert layers and all(f"{name}.gain" in weights and f"{name}.bias" in weights for name in layers)
+    for name in layers:
+        assert torch.equal(weights[f"{name}.gain"], torch.ones_like(weights[f"{name}.gain"])), name
+    ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1))
+    update = env.train(weights, method.plan(ctx, state))
+    for name in layers:
+        assert not torch.equal(update.state[f"{name}.gain"], weights[f"{name}.gain"]), name
+        assert not torch.equal(update.state[f"{name}.bias"], weights[f"{name}.bias"]), name
+    plain = method_for({"name": "fedmef", "ns_affine": False}, "cnn", norm="none").model
+    assert nsconv_layers(plain) and not any(k.endswith(".gain") for k in plain.state_dict())
+
+
 def branch_to_stream_variance(method, x):
     """Per residual block of the method's client model (its masks loaded), Var(s·F(Y)) / Var(Y) at
     initialisation: how much of the block's output its residual branch carries."""

@@ -133,3 +133,42 @@ def test_output_variance_is_gamma_squared_times_the_inputs_second_moment_at_ever
         out = conv(x)
     assert abs(float(out.mean())) < 0.05
     assert float(out.var()) == pytest.approx(1.5**2 * 0.64, rel=0.1)
+
+
+def test_the_learnable_gain_scales_each_filter_and_its_gradient_is_autograds():
+    weight = torch.randn(3, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    gain = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(3, 4, 3, 3) > 0.6
+    grad = torch.randn(3, 4, 3, 3, dtype=torch.float64)
+    reference = reference_effective_weight(weight, mask, 1.3) * gain.view(-1, 1, 1, 1)
+    torch.testing.assert_close(effective_weight(weight, mask, 1.3, gain), reference)
+    expected = torch.autograd.grad(reference, (weight, gain), grad)
+    written = torch.autograd.grad(effective_weight(weight, mask, 1.3, gain), (weight, gain), grad)
+    for a, b in zip(written, expected):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda w, g: effective_weight(w, mask, 1.3, g), (weight, gain))
+
+
+def test_affine_nsconv_adds_a_gain_and_bias_per_filter_that_train_also_under_sap():
+    plain, pruned = conv_model(), conv_model()
+    for model in (plain, pruned):
+        normalize_convolutions(model, affine=True)
+        load_masks(model, {"0.weight": torch.arange(108).view(3, 4, 3, 3) % 3 > 0})
+    state = plain.state_dict()
+    torch.testing.assert_close(state["0.gain"], torch.ones(3))
+    torch.testing.assert_close(state["2.gain"], torch.ones(2))
+    torch.testing.assert_close(state["2.bias"], torch.zeros(2))  # added where the conv had none
+    with torch.no_grad():
+        for model in (plain, pruned):
+            model[0].gain.copy_(torch.tensor([0.5, 1.0, 2.0]))
+            model[2].bias.copy_(torch.tensor([0.3, -0.3]))
+    prune_activations(pruned, 0.0)
+    x = torch.randn(2, 4, 5, 5)
+    hidden = F.relu(F.conv2d(x, effective_weight(state["0.weight"], model[0].mask, RELU_GAMMA) * torch.tensor([0.5, 1.0, 2.0]).view(-1, 1, 1, 1), state["0.bias"], padding=1))
+    torch.testing.assert_close(plain(x), F.conv2d(hidden, effective_weight(state["2.weight"], torch.ones(2, 3, 1, 1, dtype=torch.bool)), torch.tensor([0.3, -0.3])))
+    torch.testing.assert_close(pruned(x), plain(x))
+    plain(x).square().sum().backward()
+    pruned(x).square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), pruned.parameters()):
+        assert a.grad.abs().sum() > 0, name
+        torch.testing.assert_close(b.grad, a.grad)
