@@ -11,7 +11,10 @@ HeteroFL, FjORD and DepthFL the deepest model one client can train whole.
 The config names one member (`model.name`, `model.pretrained=FAMILY:l`); the others are the same
 family's registered models (`hfl.models.family.MEMBER_MODELS`). `--choose` prints the overrides
 that run the chosen member (`model.name=... model.pretrained=FAMILY:l`), or `none`; with `--all`, one
-such line per fitting member (the paper's best of four members for some columns).
+such line per fitting member (the paper's best of four members for some columns). A FLOPs amount is
+in the unit of the config's `budgets.flops_per`: per mini-batch (CAFF's appendix A: "GFLOPs required
+for a single mini-batch", what the grids use) bounds one full batch, per round the round of the client
+with the most samples.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def member_overrides(model_name: str, pretrained: str) -> dict[int, list[str]]:
     return {depth: [f"model.name={name}", f"model.pretrained={family}:{depth}"] for depth, name in members.items()}
 
 
-def member_costs(config_path: str, member: list[str], depth: int, overrides: list[str]) -> tuple[list[dict], int, int]:
+def member_costs(config_path: str, member: list[str], depth: int, overrides: list[str]) -> tuple[list[dict], dict]:
     """Every ladder level's costs for the config run on the family member of depth `depth` (`member`: its overrides)."""
     extra = [*member, "budgets.scenario=none", "budgets.memory=[]"]
     config = load_config(config_path, [*extra, *overrides])
@@ -50,15 +53,24 @@ def member_costs(config_path: str, member: list[str], depth: int, overrides: lis
         cost = method.training_cost(task, batch)
         rows.append({"depth": depth, "level": level.name, "peak_bytes": cost.peak_bytes,
                      "train_flops_per_sample": cost.train_flops_per_sample, "upload_bytes": method.upload_bytes(task.spec)})
-    return rows, max(len(p) for p in env.partitions), config.fl.local_epochs
+    return rows, {"max_samples": max(len(p) for p in env.partitions), "local_epochs": config.fl.local_epochs,
+                  "batch_size": batch, "flops_per": config.budgets.flops_per}
+
+
+def round_flops(costs: dict, row: dict) -> int:
+    """What a FLOPs budget bounds for the level in `row`, in the budget's unit (`flops_per`): one
+    mini-batch of a client with a full batch (CAFF's unit), or a round of the client with the most
+    samples (then it alone decides which members are feasible)."""
+    if costs.get("flops_per", "round") == "batch":
+        return row["train_flops_per_sample"] * costs["batch_size"]
+    return row["train_flops_per_sample"] * costs["max_samples"] * costs["local_epochs"]
 
 
 def fitting_members(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> list[int]:
-    """The members (depths, deepest first) whose `level` (smallest or largest) fits memory and
-    upload, and the FLOPs of a round of the client with the most samples."""
-    samples = costs["max_samples"] * costs["local_epochs"]
+    """The members (depths, deepest first) whose `level` (smallest or largest) fits memory, upload
+    and FLOPs (`round_flops`)."""
     fitting = [r["depth"] for r in costs["rows"] if r["level"] == costs[level][str(r["depth"])]
-               and r["peak_bytes"] <= memory and r["upload_bytes"] <= upload and r["train_flops_per_sample"] * samples <= flops]
+               and r["peak_bytes"] <= memory and r["upload_bytes"] <= upload and round_flops(costs, r) <= flops]
     return sorted(fitting, reverse=True)
 
 
@@ -91,18 +103,19 @@ def main() -> int:
         return 0
     model = load_config(args.config, args.overrides).model
     members = member_overrides(model.name, model.pretrained)
-    rows, smallest, largest, samples, epochs = [], {}, {}, 0, 1
+    rows, smallest, largest, scale = [], {}, {}, {}
     for d in args.depths.split(","):
-        member, samples, epochs = member_costs(args.config, members[int(d)], int(d), args.overrides)
+        member, scale = member_costs(args.config, members[int(d)], int(d), args.overrides)
         rows += member
         smallest[d], largest[d] = member[0]["level"], member[-1]["level"]
-    print(f"{'l':>3} {'level':>8} {'peak MiB':>10} {'MFLOPs/sample':>14} {'upload MiB':>11}")
+    costs = {"rows": rows, "smallest": smallest, "largest": largest, **scale, "members": {str(d): members[int(d)] for d in smallest}}
+    print(f"{'l':>3} {'level':>8} {'peak MiB':>10} {'MFLOPs/sample':>14} {'GFLOPs/' + scale['flops_per']:>13} {'upload MiB':>11}")
     for r in rows:
-        print(f"{r['depth']:>3} {r['level']:>8} {r['peak_bytes'] / 2**20:>10.2f} {r['train_flops_per_sample'] / 1e6:>14.1f} {r['upload_bytes'] / 2**20:>11.3f}")
+        print(f"{r['depth']:>3} {r['level']:>8} {r['peak_bytes'] / 2**20:>10.2f} {r['train_flops_per_sample'] / 1e6:>14.1f} "
+              f"{round_flops(costs, r) / 1e9:>13.2f} {r['upload_bytes'] / 2**20:>11.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "smallest": smallest, "largest": largest, "max_samples": samples, "local_epochs": epochs,
-                       "members": {str(d): members[int(d)] for d in smallest}}, f, indent=1)
+            json.dump(costs, f, indent=1)
     return 0
 
 

@@ -189,3 +189,20 @@ def test_member_costs_run_every_member_of_the_configs_family(model, family, deep
     for name, pretrained in (("cnn", f"{family}:3"), (model, "")):
         with pytest.raises(SystemExit, match="names no pretrained family member"):
             module.member_overrides(name, pretrained)
+
+
+def test_a_per_batch_flops_budget_bounds_one_full_batch_not_the_largest_clients_round():
+    """CAFF's unit (appendix A): GFLOPs of one mini-batch. Per round, the client with the most
+    samples (1,000 here, 2 epochs) would rule out both members; per batch of 32 the deeper member
+    fits exactly at 40 × 32."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("caff_member_costs", ROOT / "benchmarks" / "caff_member_costs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"depth": d, "level": "small", "peak_bytes": 1, "upload_bytes": 1, "train_flops_per_sample": f} for d, f in ((3, 10), (12, 40))]
+    costs = {"rows": rows, "smallest": {"3": "small", "12": "small"}, "max_samples": 1000, "local_epochs": 2, "batch_size": 32}
+    assert module.fitting_members({**costs, "flops_per": "round"}, 10, 10, 40 * 32) == []
+    assert module.fitting_members({**costs, "flops_per": "round"}, 10, 10, 10 * 2000) == [3]
+    assert module.fitting_members({**costs, "flops_per": "batch"}, 10, 10, 40 * 32) == [12, 3]
+    assert module.fitting_members({**costs, "flops_per": "batch"}, 10, 10, 40 * 32 - 1) == [3]
