@@ -107,6 +107,27 @@ def test_member_l_is_finetuned_in_its_last_t_blocks_and_sends_exactly_them(tmp_p
             assert client["bytes_up"] == sum(initial[k].numel() * initial[k].element_size() for k in trained)
 
 
+def test_a_member_shallower_than_the_configured_model_is_loaded_and_its_frozen_blocks_kept(tmp_path, monkeypatch):
+    """Every published CAFF number at l < 12 starts from member l, not from the deepest member's first l blocks."""
+    members = tiny_family(tmp_path / "cache", monkeypatch)
+    probe = ClientEnvironment.from_config(caff_config(tmp_path, memory=["1GB"]))
+    costs = {(r["depth"], r["trained"]): r["peak_bytes"] for r in probe.method.budget_table(_ctx(probe))[1]}
+    # Room for F_2^1 but not F_3^1: l = 3 is infeasible, l = 2 and l = 1 tie at t = 1 and go to l = 2.
+    assert costs[(2, 1)] < costs[(3, 1)]
+    config = caff_config(tmp_path, memory=[str(costs[(2, 1)])])
+    env = ClientEnvironment.from_config(config)
+    assert env.method.selection.depth == 2 and set(env.method.selection.trained) == {1}
+    initial = env.method.initial_global_state()
+    assert initial.keys() == members[2].keys() and all(torch.equal(initial[k], v) for k, v in members[2].items())
+    assert not torch.equal(initial["body.0.attn.q.weight"], members[3]["body.0.attn.q.weight"])
+
+    run_experiment(config, tmp_path / "run")
+    final = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["global_state"]
+    frozen = [k for k in members[2] if k.startswith(("stem.", "body.0."))]
+    assert any(k.startswith("body.0.") for k in frozen) and all(torch.equal(final[k], members[2][k]) for k in frozen)
+    assert all(not torch.equal(final[k], members[2][k]) for k in members[2] if k.startswith("body.1."))
+
+
 def _ctx(env):
     from hfl.budget import round_one
 
