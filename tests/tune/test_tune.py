@@ -3,13 +3,16 @@ in a local folder and on a URI (file:// here, as s3:// or gs:// on a cluster).""
 
 import csv
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from hfl.cli import main
@@ -18,7 +21,7 @@ from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.storage import RAY_JOB_VARIABLE
 from hfl.tune import format_results, load_sweep, run_tune
-from hfl.tune.runner import TrialSetup, trial_config
+from hfl.tune.runner import TrialSetup, run_trial, trial_config
 from tests.conftest import ROOT, cli_env
 
 TINY = {
@@ -174,6 +177,57 @@ def test_trials_log_to_wandb_grouped_by_sweep(tmp_path):
     assert config.name == "tiny-abc_00001" and config.fl.lr == 0.1
     plain = load_sweep(write_sweep(tmp_path))
     assert trial_config(TrialSetup(plain.base, "", "", "g"), {}, "x").logging.wandb_group == ""
+
+
+class StoppedBetweenResultAndCheckpoint(Exception):
+    """A Ctrl-C that lands after Tune took a round's result and before it took the round's checkpoint."""
+
+
+class InProcessTrialSession:
+    """Ray Tune's side of one trial, without Ray: each reported result is a line of the trial's
+    result.json, and a reported checkpoint becomes the trial's latest (what a restored trial gets)."""
+
+    def __init__(self, tune_dir: Path, trial_id: str, stop_before_checkpoint_of: int | None = None) -> None:
+        self.results, self.latest = tune_dir / trial_id / "result.json", tune_dir / trial_id / "latest_checkpoint"
+        self.results.parent.mkdir(parents=True, exist_ok=True)
+        self.trial_id, self.stop_round = trial_id, stop_before_checkpoint_of
+
+    def install(self, monkeypatch) -> None:
+        from ray import tune
+
+        monkeypatch.setattr(tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: self.trial_id))
+        monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint.from_directory(self.latest) if self.latest.is_dir() else None)
+        monkeypatch.setattr(tune, "report", self.report)
+
+    def report(self, metrics: dict, checkpoint=None) -> None:
+        with self.results.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if metrics["round"] == self.stop_round:
+            raise StoppedBetweenResultAndCheckpoint
+        if checkpoint is not None:
+            shutil.copytree(checkpoint.path, self.latest, dirs_exist_ok=True)
+
+
+def test_a_trial_stopped_between_a_rounds_result_and_its_checkpoint_replays_that_round_unreported(tmp_path, monkeypatch):
+    """The race behind `recorded_rounds`, built deterministically: Tune's last result (round 2) is a
+    round ahead of its last checkpoint (round 1). The restored trial replays round 2 from the
+    checkpoint, to the same numbers, without reporting it again."""
+    setup = TrialSetup(load_sweep(write_sweep(tmp_path, overrides=["fl.rounds=3"])).base, str(tmp_path / "trials"), str(tmp_path / "tune"), "g")
+    params, run_dir = {"fl.lr": 0.1, "data.alpha": 1.0}, tmp_path / "trials" / "t"
+    session = InProcessTrialSession(tmp_path / "tune", "t", stop_before_checkpoint_of=2)
+    session.install(monkeypatch)
+    with pytest.raises(StoppedBetweenResultAndCheckpoint):
+        run_trial(setup, params)
+    assert reported_rounds(session.results) == [1, 2]
+    assert torch.load(session.latest / "checkpoint.pt", weights_only=False)["round"] == 1
+    first_two = scores(str(run_dir))
+    assert [r[0] for r in first_two] == [1, 2]  # the run folder is the round ahead
+
+    session.stop_round = None
+    run_trial(setup, params)
+    assert reported_rounds(session.results) == [1, 2, 3]
+    resumed = scores(str(run_dir))
+    assert [r[0] for r in resumed] == [1, 2, 3] and resumed[:2] == first_two
 
 
 # -- with Ray -------------------------------------------------------------------------------------
