@@ -9,6 +9,7 @@ instead under HFL_REQUIRE_DATA=1).
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from hfl.data.shakespeare import (
     role_text,
     split_text,
 )
+from hfl.data.text import CharTokenizer
+from hfl.data.tokens import tokenise_clients
 from hfl.errors import DataNotFoundError
 
 FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
@@ -258,6 +261,10 @@ def test_real_play_texts_give_leaf_sized_clients():
     assert 1000 < sum(len(t) > 80 for t in leaf_users) < 1300
     assert 3.8e6 < sum(max(0, len(t) - 80) for t in leaf_users) < 4.6e6
     clients = load_shakespeare_clients(SHARED)
-    assert 600 < len(clients) < 800  # fewer: a 0.9 split needs about 900 characters to leave a test window
+    assert len(clients) == 674  # fewer: a 0.9 split needs about 900 characters to leave a test window
     assert {c.play for c in clients} == {p.name for p in plays}
     assert all(len(c.train_text) > 80 and len(c.test_text) > 80 for c in clients)
+    # The docs' 3.6 M training windows (median 2,900 per client) and 349 K test windows, at seq_len 80.
+    data = tokenise_clients("shakespeare", [(c.role, c.train_text, c.test_text) for c in clients], 80, CharTokenizer())
+    assert (len(data.train_x), len(data.test_x)) == (3_617_636, 349_040)
+    assert statistics.median(data.sizes("train")) == 2927
