@@ -76,7 +76,7 @@ def test_distillation_moves_the_global_model_towards_the_ensemble(norm):
 
     before = float(distillation_loss(logits_on(averaged, WIDTH, x, norm), ensemble, 1.0))
     after = float(distillation_loss(logits_on(distilled, WIDTH, x, norm), ensemble, 1.0))
-    assert after < 0.3 * before
+    assert (round(before, 2), round(after, 2)) == (0.90, 0.10)  # the docs' figure: distillation cuts the KL ninefold
     assert new_state.aggregations == 1 and state.aggregations == 0
     torch.testing.assert_close(method.ensemble_logits(global_state, updates, x), ensemble, rtol=0.05, atol=0.05)
     for key, tensor in averaged.items():
