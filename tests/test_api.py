@@ -1,7 +1,6 @@
-"""The Python API: `hfl.make_config`, `hfl.run` and `hfl.load_run`, as the README shows them."""
+"""The Python API: `hfl.make_config`, `hfl.run` and `hfl.load_run`, as docs/python_api.md shows them."""
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from hfl.backends.base import ClientEnvironment
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from tests.conftest import QUICKSTART, ROOT, cli_env
+from tests.markdown import code_blocks
 
 SMALL = {"name": "api", "data": {"name": "digits"}, "model": {"name": "cnn"},
          "fl": {"rounds": 2, "clients": 4, "fraction": 1.0}, "backend": {"device": "cpu"}}
@@ -102,9 +102,7 @@ def test_an_unfinished_run_has_no_summary_and_a_folder_without_a_run_is_refused(
 
 @pytest.mark.slow
 def test_the_readme_example_runs_in_a_fresh_python(tmp_path):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python API") :]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    code = code_blocks(ROOT / "docs" / "python_api.md", "# Python API", "python")[0]
     (tmp_path / "experiments").mkdir()
     shutil.copy(QUICKSTART, tmp_path / "experiments")
     result = fresh_python(code, tmp_path)

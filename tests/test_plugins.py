@@ -1,8 +1,7 @@
 """A user's own method, model and dataset, in a package outside hfl, named by the config's `plugins`,
-run through the `hfl` command on the local and the Ray backend (the README's plug-in module, as written)."""
+run through the `hfl` command on the local and the Ray backend (the plug-in module of docs/extending.md, as written)."""
 
 import json
-import re
 import subprocess
 import sys
 
@@ -14,23 +13,23 @@ from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.registry import DATASETS, METHODS, MODELS, Registry, defined_at, import_plugins
 from tests.conftest import ROOT, cli_env
+from tests.markdown import code_blocks
 
 SECTION = "## Your own methods, models and datasets (plug-ins)"
 ONE_CONV_PARAMETERS = 1 * 16 * 9 + 16 + 16 * 4 + 4
-"""The README's one_conv on stripes: a 3x3 convolution from 1 to 16 channels and a 16 -> 4 classifier."""
+"""docs/extending.md's one_conv on stripes: a 3x3 convolution from 1 to 16 channels and a 16 -> 4 classifier."""
 
 
 def readme_blocks() -> tuple[str, str]:
-    """The README's plug-in module and its experiment YAML."""
-    section = ROOT.joinpath("README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
-    (module,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    (experiment,) = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    """The extending guide's plug-in module and its experiment YAML."""
+    guide = ROOT / "docs" / "extending.md"
+    (module,), (experiment,) = code_blocks(guide, SECTION, "python"), code_blocks(guide, SECTION, "yaml")
     return module, experiment
 
 
 @pytest.fixture
 def project(tmp_path):
-    """A user's project folder, outside hfl: my_project/fl.py holds the README's plug-in module,
+    """A user's project folder, outside hfl: my_project/fl.py holds the guide's plug-in module,
     my_experiment.yaml its experiment (made small)."""
     module, experiment = readme_blocks()
     package = tmp_path / "project" / "my_project"

@@ -1,7 +1,5 @@
-"""The README's worked example of a new method runs as written: it plugs into the ladder, keeps
+"""The extending guide's worked example of a new method runs as written: it plugs into the ladder, keeps
 budgets, scores every width and uses its own loss."""
-
-import re
 
 import pytest
 import torch
@@ -10,12 +8,15 @@ import torch.nn.functional as F
 from hfl.registry import METHODS
 from hfl.server import run_experiment
 from tests.conftest import ROOT, small_config
+from tests.markdown import code_blocks
+
+
+GUIDE = ROOT / "docs" / "extending.md"
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Adding a method") :]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    (code,) = code_blocks(GUIDE, "## A method", "python")
+    return code
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def registered():
     assert len(code.strip().splitlines()) < 40
     namespace: dict = {}
     if "smooth_widths" not in METHODS.names():
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - registers the method, as its module would
+        exec(compile(code, str(GUIDE), "exec"), namespace)  # noqa: S102 - registers the method, as its module would
     return METHODS.get("smooth_widths")
 
 
