@@ -90,7 +90,8 @@ def test_values_the_data_or_machine_refuse_exit_2_with_one_line(tmp_path, capsys
 
     overrides = [o.replace("QUICKSTART", str(QUICKSTART)) for o in overrides]  # a file, where a folder is needed
     assert main(["run", str(QUICKSTART), "fl.rounds=1", *overrides, "--out", str(tmp_path / "run")]) == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
+    *before, error = capsys.readouterr().err.strip().splitlines()
+    assert len(before) <= 1 and all(" rounds -> " in line for line in before), before  # at most the run's header line
     assert error.startswith(f"hfl: error: {field}=") and "is not allowed: expected" in error
 
 
