@@ -3,7 +3,8 @@ Clients", ICLR 2023. The global model carries a classifier after every stage (a 
 separable convs, then a linear layer); a client trains the prefix of the body up to one of these
 classifiers, with cross-entropy at every classifier it holds plus mutual self-distillation among
 them (each learns from the others' detached predictions, KL averaged over the others); the server
-averages each tensor over the clients that hold it. The global model predicts with every exit, and
+averages each tensor over the clients that hold it, each client counted once as the authors' code
+does (`weighting=samples` weights by sample counts instead). The global model predicts with every exit, and
 with their ensemble. With `tier_window` >= 0 a client instead trains a prefix drawn every round
 from its tier's window (NeFL's dynamic environment, `hfl.submodel.ladder`).
 
@@ -13,8 +14,6 @@ Deliberate deviations:
   the original fixed-depth allocation"); a client that fits no prefix sits the round out.
 - Local training is plain SGD: the paper's default adds FedDyn's dynamic regularisation, which is
   the variant its tables call "DepthFL (FedAvg)" without it.
-- The average is weighted by sample counts (FedAvg) where the authors' code counts clients; the two
-  agree for equal-sized (IID) partitions.
 - The bottleneck is the platform's (`hfl.models.exits`): one separable conv per later stage,
   without the authors' attention modules; `exits=blocks` adds finer prefixes than the paper's.
 - The authors' code ramps the distillation weight up over 300 rounds (exp(-5 (1 - t/300)^2));
