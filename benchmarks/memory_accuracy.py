@@ -15,9 +15,12 @@ client, PreResNet-20) and its unit, one block trained alone (the first, a middle
 a frozen prefix (the stem and the first half of the blocks frozen, CAFF-style) for each model at
 width 1; FedMef's client (PreResNet-20 at density 0.1, scaled activation pruning s = 0.9); and
 CAFF's GPT family (l = 3, 6, 9, 12 blocks, whole and with a frozen prefix) on Shakespeare windows
-of 256 characters, read from $HFL_DATA/shakespeare.
+of 256 characters, read from $HFL_DATA/shakespeare; and the transformer methods CAFF compares with,
+on the 3-block GPT and the ViT at batch 32: HetLoRA's adapters (`hetlora`, the smallest and the
+largest rank) and FedHM's low-rank factors (`fedhm`, likewise), each a ladder level as `plan` would
+pick it for a client whose budget holds that level.
 
-    python benchmarks/memory_accuracy.py [--device cuda] [--cudnn off|on] [--json out.json] [--quick] [--kinds whole,gpt,...]
+    python benchmarks/memory_accuracy.py [--device cuda] [--cudnn off|on] [--json out.json] [--quick] [--kinds whole,gpt,hetlora,...]
 
 `--cudnn on` measures with cuDNN's convolutions, whose workspace (no tensor) the estimate does not
 count; hfl turns cuDNN off where budgets are enforced (`backend.cudnn`), and so does this table by default.
@@ -47,7 +50,10 @@ from hfl.types import ClientTask, RoundContext
 
 MODELS = ("preresnet20", "resnet18", "vit")
 GPTS = ("gpt_l3", "gpt_l6", "gpt_l9", "gpt")
-KINDS = ("whole", "frozen prefix", "fedepth", "fedmef", "gpt")
+KINDS = ("whole", "frozen prefix", "fedepth", "fedmef", "gpt", "hetlora", "fedhm")
+LOW_RANK = ("hetlora", "fedhm")
+"""Kinds whose rows are the method's own ladder levels (ranks), on a transformer."""
+LOW_RANK_MODELS = ("gpt_l3", "vit")
 WIDTHS = (1.0, 0.5, 0.25)
 BATCHES = (32, 128)
 MiB = 2**20
@@ -104,6 +110,12 @@ def fedepth_stage(env: ClientEnvironment, ctx: RoundContext, block: int) -> Clie
     return ClientTask(ctx, freeze(full_spec(), untrained), Layout(1, ((block, block),), ()))
 
 
+def low_rank_levels(env: ClientEnvironment, kind: str, ctx: RoundContext) -> list[tuple[str, ClientTask]]:
+    """The smallest and the largest rank of HetLoRA's adapters or FedHM's factors, as the ladder hands them out."""
+    ladder, what = env.method.ladder, "HetLoRA adapters" if kind == "hetlora" else "FedHM factors"
+    return [(f"{what}, rank {level.options.rank}", ladder.task_for(ctx, level)) for level in (ladder.levels[0], ladder.levels[-1])]
+
+
 def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = "off") -> list[dict[str, Any]]:
     models = MODELS[:1] if quick else MODELS
     widths = WIDTHS[:1] if quick else WIDTHS
@@ -116,18 +128,19 @@ def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = 
     plans += [(m, 1.0, b, "whole") for m in gpts for b in batches[:1]] + [("gpt", 1.0, b, "whole") for b in batches[1:]]
     plans += [("gpt", 1.0, b, "frozen prefix") for b in batches]
     plans = [p for p in plans if (p[3] if not p[0].startswith("gpt") else "gpt") in kinds]
+    plans += [(m, 1.0, 32, k) for k in LOW_RANK if k in kinds for m in (LOW_RANK_MODELS[:1] if quick else LOW_RANK_MODELS)]
     out = []
     for model, width, batch, kind in plans:
         started = time.perf_counter()
         fedepth = kind == "fedepth"
-        method = kind if kind in ("fedepth", "fedmef") else "fedavg"
+        method = kind if kind in ("fedepth", "fedmef", *LOW_RANK) else "fedavg"
         config = experiment(model, width, batch, device, cudnn, method, "fair" if fedepth else "none")
         env = ClientEnvironment.from_config(config)
         state = initial_state(config, env).global_state  # on the device, as the server holds it
         settings = train_settings(config.fl, 1)
         method_state = env.method.init_state()
-        tasks = []
-        for client in range(config.fl.clients) if fedepth else range(1):
+        tasks = low_rank_levels(env, kind, RoundContext(1, 0, config.seed, len(env.partitions[0]), settings, None)) if kind in LOW_RANK else []
+        for client in range(config.fl.clients) if fedepth else range(0 if kind in LOW_RANK else 1):
             ctx = RoundContext(1, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
             task = env.method.plan(ctx, method_state)
             if task is None:
