@@ -206,3 +206,28 @@ def test_a_per_batch_flops_budget_bounds_one_full_batch_not_the_largest_clients_
     assert module.fitting_members({**costs, "flops_per": "round"}, 10, 10, 10 * 2000) == [3]
     assert module.fitting_members({**costs, "flops_per": "batch"}, 10, 10, 40 * 32) == [12, 3]
     assert module.fitting_members({**costs, "flops_per": "batch"}, 10, 10, 40 * 32 - 1) == [3]
+
+
+def test_caff_table1_with_random_init_adds_caff_on_fresh_blocks_beside_each_column(tmp_path):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
+    calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "kinds=memory", "levels=1,3", "random_init=yes")
+    by_out = {Path(c[-1]).name: c for c in calls[:-1]}
+    assert {"memory1-caff_random", "memory3-caff_random", "memory1-caff", "memory3-caff"} <= set(by_out)
+    assert "model.pretrained=''" in by_out["memory3-caff_random"] and "budgets.memory=[110MiB]" in by_out["memory3-caff_random"]
+    assert not any(a.startswith("model.") for a in by_out["memory3-caff"])
+    (tmp_path / "plain").mkdir()
+    member_costs(tmp_path / "plain" / "out", ("hetlora", "fedhm", "fedrolex"))
+    plain = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path / "plain", "kinds=memory", "levels=1")
+    assert not any("caff_random" in c[-1] for c in plain[:-1])
+
+
+def test_caff_grids_bound_flops_per_mini_batch_as_the_paper_counts_them(tmp_path):
+    """Appendix A: "GFLOPs required for a single mini-batch"; every config of the grids says so, and
+    the Shakespeare amounts are per batch of 32 (5 GFLOPs: F_3^2 fits, F_6^1 does not)."""
+    import yaml
+
+    for path in sorted((ROOT / "experiments").glob("caff_table*/**/*.yaml")):
+        assert yaml.safe_load(path.read_text())["budgets"]["flops_per"] == "batch", path
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
+    calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "kinds=flops", "levels=1")
+    assert all("budgets.flops=[5e9]" in c for c in calls[:-1])
