@@ -10,8 +10,9 @@
 #                                56 MiB at l = 3 (rank 3) and 103 at l = 6, FedHM 51 and 97
 #   upload  0.5 / 1 / 2 MiB    ~ CAFF's t = 1 / 2 / 4 (a block is 0.43 MiB)
 #   FLOPs   5 / 10 / 20 GFLOPs per mini-batch of 32, the paper's unit (appendix A; the configs set
-#           budgets.flops_per=batch): CAFF's Eq. 3 picks F_3^2, F_6^4, F_12^8 for a full batch (F_3^1
-#           costs 3.4, F_12^1 9.2, F_12^12 23.8 per batch). Before 2026-11-26 the grid bounded a
+#           budgets.flops_per=batch; F_3^1 costs 3.4, F_6^1 5.3, F_12^1 9.2, F_12^12 23.8 per batch). At 10
+#           and 20 Eq. 3 picks l = 9 and l = 12, where a client with a full batch trains 3 and 9 blocks
+#           (`hfl budget experiments/caff_table1/caff.yaml "budgets.flops=[10e9]"` prints the choice). Before 2026-11-26 the grid bounded a
 #           client-round at 200 / 400 / 800 GFLOPs, which let the client with the most text (691
 #           windows x 2 epochs at seed 0) decide which members were feasible.
 # `task=cifar10` runs the grid on CIFAR-10 classes 5-9 with the vit_cpu family instead (`hfl pretrain
