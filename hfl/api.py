@@ -127,9 +127,9 @@ class Run:
         data and method to do so, as the run did."""
         import torch
 
-        from hfl.backends.base import ClientEnvironment
         from hfl.checkpoint import CHECKPOINT
         from hfl.evaluation import Evaluator
+        from hfl.experiment import ClientEnvironment
 
         checkpoint = self.folder / CHECKPOINT
         if not checkpoint.is_file():

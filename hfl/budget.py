@@ -16,8 +16,8 @@ from hfl.accounting.amounts import parse_width
 from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.accounting.flops import FlopCounterMode
-from hfl.backends.base import ClientEnvironment, build_model_for
 from hfl.config import ExperimentConfig, build_dataclass
+from hfl.experiment import ClientEnvironment, build_model_for
 from hfl.methods.base import Method, describe_task
 from hfl.methods.fedtiny import Adjustment
 from hfl.methods.sparse import AdjustedSparseConfig, SparseStart

@@ -7,17 +7,16 @@ code drawing from them (a user's method, a library) resumes identically too.
 
 from __future__ import annotations
 
-import os
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 
 from hfl.errors import ConfigError
+from hfl.storage import atomic_write
 from hfl.types import StateDict
 
 CHECKPOINT = "checkpoint.pt"
@@ -43,17 +42,6 @@ def save_checkpoint(out_dir: Path, state: RunState, config: dict[str, Any]) -> N
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
     atomic_write(out_dir / CHECKPOINT, lambda f: torch.save(payload, f))
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write `path` through `write(file)` into a temporary file beside it, flushed to disk, then
-    renamed over `path`: a crash, even SIGKILL, leaves the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(out_dir: Path, device: torch.device) -> tuple[RunState, dict[str, Any]]:

@@ -234,9 +234,9 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
 
 def command_data(args: argparse.Namespace) -> int:
-    from hfl.backends.base import ClientEnvironment
     from hfl.config import load_config
     from hfl.data import TokenDataset, label_histogram, save_label_heatmap
+    from hfl.experiment import ClientEnvironment
 
     config = load_config(args.config, args.overrides)
     env = ClientEnvironment.from_config(config)
@@ -303,9 +303,9 @@ def level_cell(key: str, value: Any) -> str:
 def command_budget(args: argparse.Namespace) -> int:
     import json
 
-    from hfl.backends.base import ClientEnvironment
     from hfl.budget import budget_report
     from hfl.config import load_config
+    from hfl.experiment import ClientEnvironment
 
     config = load_config(args.config, args.overrides)
     report = budget_report(config, ClientEnvironment.from_config(config))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +17,21 @@ from typing import Any
 import yaml
 
 import hfl.backends
-import hfl.methods
-import hfl.models  # noqa: F401  (with hfl.data, these fill the registries whose names the config checks)
+import hfl.methods  # noqa: F401  (with hfl.data and hfl.models, these declare the names the config checks, importing no torch)
 from hfl.accounting.amounts import SCENARIOS, check_amount
-from hfl.data import NATURAL_CLIENTS, default_cache_dir, default_data_root
-from hfl.data.partitioners import NATURAL
+from hfl.data import NATURAL, NATURAL_CLIENTS
+from hfl.data.cache import default_cache_dir, default_data_root
 from hfl.errors import ConfigError, check, check_choice
-from hfl.models.base import NORMS
-from hfl.models.family import is_family_source, resolve_source
+from hfl.models import NORMS
+from hfl.models.sources import TORCHVISION_FILES, is_family_source
 from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS, import_plugins
+from hfl.yaml_loader import apply_overrides, build_dataclass, coerce, read_yaml_mapping
 
+__all__ = [
+    "BackendConfig", "BudgetsConfig", "DataConfig", "ExperimentConfig", "FLConfig", "LoggingConfig", "ModelConfig",
+    "apply_overrides", "build_dataclass", "config_from_dict", "dump_config", "experiment_values", "flatten",
+    "load_config", "read_yaml_mapping",
+]
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -120,9 +123,6 @@ class ModelConfig:
     builds); 0: the model's own depth."""
 
     def __post_init__(self) -> None:
-        from hfl.models.family import is_family_source
-        from hfl.models.pretrained import TORCHVISION_FILES
-
         check_choice("name", self.name, MODELS.names())
         check(0 < self.width <= 4, "width", self.width, "a number in (0, 4]")
         check(self.depth >= 0, "depth", self.depth, "an integer >= 0 (0: the model's own depth)")
@@ -369,9 +369,6 @@ class ExperimentConfig:
             object.__setattr__(self, "method", METHODS.get("fedavg").Config())
         if self.budgets.scenario == "per_client" and len(self.budgets.memory) != self.fl.clients:
             raise ConfigError("budgets.memory", list(self.budgets.memory), f"one amount per client ({self.fl.clients})")
-        if self.model.pretrained and is_family_source(self.model.pretrained):
-            # Before any data is loaded: a missing family is named with the command that builds it.
-            resolve_source(self.model.pretrained, self.data.cache_dir)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -379,77 +376,11 @@ class ExperimentConfig:
 
 # -- loading -----------------------------------------------------------------------------------
 SECTIONS = ("data", "model", "method", "fl", "budgets", "backend", "logging")
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-"""A number in exponent notation, which YAML 1.2 and users read as a number and PyYAML, without a dot, as a string."""
-
-
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """Check `value` against the field's annotation; ints are accepted where floats are expected."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _coerce(name, value, option)
-            except ConfigError:
-                continue
-        raise ConfigError(name, value, f"a value of type {hint}")
-    if hint is Any:
-        return value
-    if hint is type(None):
-        check(value is None, name, value, "null")
-        return None
-    if hint is bool:
-        check(isinstance(value, bool), name, value, "true or false")
-        return value
-    if hint is int:
-        check(isinstance(value, int) and not isinstance(value, bool), name, value, "an integer")
-        return value
-    if hint is float:
-        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
-            value = float(value)  # YAML 1.1 (PyYAML) reads 5e-4 without a dot as a string
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), name, value, "a number")
-        return float(value)
-    if hint is str:
-        check(isinstance(value, (str, int, float)) and not isinstance(value, bool), name, value, "a string")
-        return str(value)
-    if origin in (tuple, list):
-        check(isinstance(value, (list, tuple)), name, value, "a list")
-        (item,) = typing.get_args(hint)[:1] or (Any,)
-        return tuple(_coerce(f"{name}[{i}]", v, item) for i, v in enumerate(value))
-    return value
-
-
-def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    """Build dataclass `cls` from a plain dict, naming the dotted path of any bad key or value."""
-    if not isinstance(values, dict):
-        raise ConfigError(prefix.rstrip(".") or "config", values, "a mapping of fields")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"{prefix}{key}", value, f"a field of {prefix.rstrip('.') or 'the config'}: {', '.join(sorted(known))}")
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = build_dataclass(hint, value, f"{prefix}{key}.")
-        else:
-            kwargs[key] = _coerce(f"{prefix}{key}", value, hint)
-    try:
-        return cls(**kwargs)
-    except ConfigError as error:
-        raise ConfigError(f"{prefix}{error.field}", error.value, error.allowed) from None
 
 
 def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     values = dict(values)
-    import_plugins(_coerce("plugins", values.get("plugins", ()), tuple[str, ...]))  # before the names they register are checked
+    import_plugins(coerce("plugins", values.get("plugins", ()), tuple[str, ...]))  # before the names they register are checked
     method_values = values.pop("method", None) or {}
     if not isinstance(method_values, dict):
         raise ConfigError("method", method_values, "a mapping with at least `name`")
@@ -457,37 +388,6 @@ def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     method = build_dataclass(method_cls.Config, method_values, "method.")
     config = build_dataclass(ExperimentConfig, values, "")
     return dataclasses.replace(config, method=method)
-
-
-def apply_overrides(values: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
-    """Apply `a.b=value` overrides to a nested dict; values are parsed as YAML scalars."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError("override", item, "key=value, e.g. fl.rounds=3")
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(key, text, f"a path into a section, but {part} is a value")
-            node = child
-        node[leaf] = _parse_value(text)
-    return values
-
-
-def read_yaml_mapping(path: Path, field: str, what: str) -> dict[str, Any]:
-    """The mapping in YAML file `path`; a missing file, bad YAML or a non-mapping is a ConfigError
-    naming `field` (what the file is for) and describing `what` it should hold."""
-    if not path.is_file():
-        raise ConfigError(field, str(path), f"a path to an existing YAML file ({what})")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(field, str(path), f"valid YAML ({error})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(field, str(path), f"a YAML mapping ({what})")
-    return values
 
 
 def experiment_values(path: str | Path) -> dict[str, Any]:

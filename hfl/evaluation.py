@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.backends.base import ClientEnvironment, model_norm
 from hfl.data import TokenDataset
+from hfl.experiment import ClientEnvironment, model_norm
 from hfl.inference import blockwise_inference, standard_inference
 from hfl.pruning.nsconv import load_masks
 from hfl.seeding import SBN_STREAM, derive_seed

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfl.backends.base import ClientEnvironment
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
 from hfl.config import ExperimentConfig, FLConfig, dump_config
 from hfl.errors import ConfigError
 from hfl.evaluation import Evaluator
+from hfl.experiment import ClientEnvironment
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS

@@ -14,10 +14,11 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hfl.errors import ConfigError
 
@@ -25,6 +26,25 @@ log = logging.getLogger(__name__)
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 RAY_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 """Set by Ray in the environment of a job's entrypoint (`ray job submit -- ...`)."""
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write `path` through `write(file)` into a temporary file beside it, flushed to disk, then
+    renamed over `path` (its folder made first): a crash, even SIGKILL, leaves the old file or the
+    new one, never half of one. The temporary name is unique per writer (not mkstemp, whose 0600 mode
+    would survive the rename), so that concurrent writers, e.g. several Ray workers caching the same
+    dataset, never write into the same file; a failed write leaves no temporary file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def is_uri(location: str | Path) -> bool:

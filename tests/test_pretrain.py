@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hfl.backends.base import build_model_for
+from hfl.experiment import ClientEnvironment, build_model_for
 from hfl.cli import main
 from hfl.config import ModelConfig, build_dataclass, config_from_dict
 from hfl.errors import ConfigError
@@ -122,13 +122,16 @@ def test_a_member_loads_back_bit_exact_through_model_pretrained(family, monkeypa
         assert next(build_model_for(run, SimpleNamespace(in_channels=1, num_classes=81, input_kind="tokens", name="text")).parameters()).is_meta
 
 
-def test_an_experiment_config_finds_the_family_in_its_cache_dir(family) -> None:
+def test_assembling_an_experiment_finds_the_family_in_its_cache_dir(family) -> None:
+    """A config is data (it checks no files); assembling the experiment looks the member up, before any data is loaded."""
     config, _ = family
     values = {"data": {"cache_dir": config.cache_dir}, "model": {"name": "gpt", "pretrained": "tiny:1"}}
+    missing = config_from_dict({**values, "model": {"name": "gpt", "pretrained": "tiny:3"}})
 
     assert config_from_dict(values).model.pretrained == "tiny:1"
+    assert missing.model.pretrained == "tiny:3"
     with pytest.raises(ConfigError, match="holds l1, l2 but not l3"):
-        config_from_dict({**values, "model": {"name": "gpt", "pretrained": "tiny:3"}})
+        ClientEnvironment.from_config(missing)
 
 
 def test_weights_of_another_shape_are_a_config_error_naming_field_value_and_shapes(family) -> None:
@@ -270,7 +273,7 @@ def test_a_vit_family_pretrains_on_cifar_classes_0_to_4_and_starts_a_10_class_mo
 def test_a_task_on_other_classes_gets_a_new_classifier_and_one_on_the_same_classes_the_pretrained_one(vit_family) -> None:
     """CAFF's downstream head is new (ImageNet -> CIFAR); a head pretrained on classes 0-4 would read
     a dog as label 3, which in the 5-9 task is a ship."""
-    from hfl.backends.base import family_loader, task_labels
+    from hfl.experiment import family_loader, task_labels
     from hfl.data.datasets import load_dataset
     from hfl.models.vit import ViT
 
@@ -332,12 +335,12 @@ def test_every_pretraining_config_loads_at_caffs_shapes(path) -> None:
 
 
 def test_the_experiment_model_is_loaded_for_the_tasks_classes(vit_family, monkeypatch) -> None:
-    import hfl.models
+    import hfl.models.build
     from hfl.data.datasets import load_dataset
 
     root, cache, _ = vit_family
     seen = []
-    monkeypatch.setattr(hfl.models, "load_family_weights", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(hfl.models.build, "load_family_weights", lambda *args: seen.append(args[-1]))
     data = load_dataset("cifar10_jpeg", str(root), str(cache), classes=(5, 6, 7, 8, 9))
     config = SimpleNamespace(model=ModelConfig(name="vit_caff_l3", norm="bn", pretrained="vit_cpu:3"),
                              data=SimpleNamespace(name="cifar10_jpeg", classes=(5, 6, 7, 8, 9), cache_dir=str(cache)))

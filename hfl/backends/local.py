@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hfl.backends.base import ClientEnvironment
+from hfl.experiment import ClientEnvironment
 from hfl.registry import BACKENDS
 from hfl.types import ClientTask, ClientUpdate, StateDict
 

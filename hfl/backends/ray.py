@@ -31,10 +31,10 @@ import ray
 import torch
 
 from hfl.accounting.amounts import ClientBudget, absolute_amount
-from hfl.backends.base import ClientEnvironment
 from hfl.backends.placement import SHARED_POOL, PoolDemand, gpus_per_actor, pool_sizes, tier_resource
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError, DataNotFoundError
+from hfl.experiment import ClientEnvironment
 from hfl.registry import BACKENDS
 from hfl.types import ClientTask, ClientUpdate, StateDict
 

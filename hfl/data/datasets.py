@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import re
 import shutil
-import time
-import uuid
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 
 import numpy as np
 import torch
 
+from hfl.data.cache import cached_blob, decoded_path
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
+from hfl.storage import atomic_write
 
 if TYPE_CHECKING:
     from hfl.data.tokens import TokenDataset
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the layout of the decoded cache file changes, so stale caches are rebuilt.
-_CACHE_FORMAT = 1
 # The experiment seed must not move the digits test set: results across seeds would then be
 # measured on different test samples.
 _DIGITS_SPLIT_SEED = 0
@@ -46,16 +44,6 @@ _CROP_FLIP = ("cifar10", "cifar100", "cifar10_jpeg", "svhn")
 # What a decoder returns: train_x, train_y, test_x, test_y, num_classes.
 Decoded = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
 _FIX_ROOT = "set data.root (or the environment variable HFL_DATA) to the folder that holds it"
-
-
-def default_data_root() -> str:
-    """Where datasets are looked for when the config gives no root: $HFL_DATA or ~/.cache/hfl."""
-    return os.environ.get("HFL_DATA") or os.path.expanduser("~/.cache/hfl")
-
-
-def default_cache_dir() -> str:
-    """Where decoded datasets are cached when the config gives no cache dir: $HFL_CACHE or ~/.cache/hfl."""
-    return os.environ.get("HFL_CACHE") or os.path.expanduser("~/.cache/hfl")
 
 
 @dataclass
@@ -228,48 +216,6 @@ def _make(
     )
 
 
-def _cache_path(cache_dir: str, name: str) -> Path:
-    return Path(cache_dir) / "decoded" / f"{name}.pt"
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temp file in the same folder + os.replace, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A unique name per writer (not mkstemp, whose 0600 mode would survive the rename) so that
-    # concurrent loaders, e.g. several Ray workers, never write into the same temp file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def cached_blob(path: Path, name: str, build: Callable[[], dict[str, Any]], is_current: Callable[[dict[str, Any]], bool] = lambda blob: True) -> dict[str, Any]:
-    """Dataset `name`'s tensors as cached at `path` when readable, of this format and `is_current`;
-    otherwise `build()`'s, cached first (a read-only or full cache costs speed next time, not this run)."""
-    if path.is_file():
-        try:
-            blob = torch.load(path, weights_only=True)
-        except Exception as err:  # noqa: BLE001 - a corrupt cache must not block loading: build again instead
-            logger.warning("ignoring unreadable cache %s (%s); building %s again", path, err, name)
-        else:
-            if isinstance(blob, dict) and blob.get("format") == _CACHE_FORMAT and blob.get("name") == name and is_current(blob):
-                logger.debug("loaded %s from cache %s", name, path)
-                return blob
-            logger.info("cache %s has an old format or other sources; building %s again", path, name)
-    start = time.perf_counter()
-    blob = {"format": _CACHE_FORMAT, "name": name, **build()}
-    try:
-        _atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    except OSError as err:
-        logger.warning("built %s but could not cache it at %s: %s", name, path, err)
-    else:
-        logger.info("built %s in %.1f s; cached at %s", name, time.perf_counter() - start, path)
-    return blob
-
-
 def _cached(name: str, cache_dir: str, decode: Callable[[], Decoded]) -> ImageDataset:
     """Return dataset `name` from its decoded cache file, decoding and caching it first if needed."""
 
@@ -278,7 +224,7 @@ def _cached(name: str, cache_dir: str, decode: Callable[[], Decoded]) -> ImageDa
         return {"train_x": train_x.contiguous(), "train_y": train_y.to(torch.int64), "test_x": test_x.contiguous(),
                 "test_y": test_y.to(torch.int64), "num_classes": num_classes}
 
-    blob = cached_blob(_cache_path(cache_dir, name), name, build)
+    blob = cached_blob(decoded_path(cache_dir, name), name, build)
     return _make(name, blob["train_x"], blob["train_y"], blob["test_x"], blob["test_y"], int(blob["num_classes"]))
 
 
@@ -320,7 +266,7 @@ def _load_digits(
         return {"train_x": images[train_idx], "train_y": labels[train_idx], "test_x": images[test_idx], "test_y": labels[test_idx],
                 "test_fraction": test_fraction}
 
-    blob = cached_blob(_cache_path(cache_dir, "digits"), "digits", build, lambda blob: blob.get("test_fraction") == test_fraction)
+    blob = cached_blob(decoded_path(cache_dir, "digits"), "digits", build, lambda blob: blob.get("test_fraction") == test_fraction)
     return _make("digits", blob["train_x"], blob["train_y"], blob["test_x"], blob["test_y"], 10)
 
 
@@ -413,11 +359,11 @@ def _mnist_root(name: str, cls_name: str, root: str, cache_dir: str, download: b
     if all((src_raw / f"{f}.gz").is_file() for f in _MNIST_FILES):
         dst_raw.mkdir(parents=True, exist_ok=True)
         for f in _MNIST_FILES:
-            def gunzip(tmp: Path, f: str = f) -> None:
-                with gzip.open(src_raw / f"{f}.gz", "rb") as fin, open(tmp, "wb") as fout:
+            def gunzip(fout: BinaryIO, f: str = f) -> None:
+                with gzip.open(src_raw / f"{f}.gz", "rb") as fin:
                     shutil.copyfileobj(fin, fout, length=1 << 20)
 
-            _atomic_write(dst_raw / f, gunzip)
+            atomic_write(dst_raw / f, gunzip)
         logger.info("decompressed %s/*.gz into %s", src_raw, dst_raw)
         return str(dst_root)
     if download:

@@ -10,7 +10,7 @@ distinct labels per client, as in HeteroFL / SplitMix).
 Every partitioner takes `(labels, num_clients, rng, **options)` and returns one sorted int64 index
 array per client; no index appears twice. All randomness comes from `rng`.
 
-A dataset that comes with its own clients (Shakespeare's roles, `hfl.data.tokens.NATURAL_CLIENTS`)
+A dataset that comes with its own clients (Shakespeare's roles, `hfl.data.NATURAL_CLIENTS`)
 is not split by labels: it takes `data.partition=natural`, which no partitioner implements.
 """
 
@@ -26,10 +26,6 @@ import numpy as np
 from hfl.registry import PARTITIONERS
 
 logger = logging.getLogger(__name__)
-
-NATURAL = "natural"
-"""`data.partition` of a dataset whose clients come with the data: one hfl client per data client."""
-
 
 def partition(
     name: str,

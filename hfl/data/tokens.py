@@ -29,14 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hfl.data.datasets import SyntheticSpec, _cache_path, cached_blob
+from hfl.data.cache import cached_blob, decoded_path
+from hfl.data.datasets import SyntheticSpec
 from hfl.data.shakespeare import TEXTS_FOLDER, load_shakespeare_clients
 from hfl.data.text import CharTokenizer
 from hfl.registry import DATASETS
-
-NATURAL_CLIENTS = frozenset({"shakespeare"})
-"""Datasets whose clients come with the data; they take `data.partition=natural` and no other."""
-
 
 class TokenWindows:
     """Row i is `tokens[starts[i] : starts[i] + length]` as int64 ids, gathered when indexed.
@@ -192,7 +189,7 @@ def _cached_tokens(name: str, cache_dir: str, seq_len: int, source: Path, build:
         return {"source": source_name, "tokens": data.tokens, "clients": list(data.clients), "train_spans": data.train_spans,
                 "test_spans": data.test_spans, "seq_len": data.seq_len, "num_classes": data.num_classes}
 
-    blob = cached_blob(_cache_path(cache_dir, f"{name}_seq{seq_len}"), name, build_blob, lambda blob: blob.get("source") == source_name)
+    blob = cached_blob(decoded_path(cache_dir, f"{name}_seq{seq_len}"), name, build_blob, lambda blob: blob.get("source") == source_name)
     return TokenDataset(name, blob["tokens"], tuple(blob["clients"]), blob["train_spans"], blob["test_spans"],
                         int(blob["seq_len"]), int(blob["num_classes"]))
 

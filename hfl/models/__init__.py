@@ -1,62 +1,56 @@
-"""Models that declare their blocks, coupled channel groups and exit points."""
+"""Models that declare their blocks, coupled channel groups and exit points.
 
-from hfl.models import cnn, gpt, mobilenetv2, resnet, vit  # noqa: F401  (registers the models)
-from hfl.models.base import (
-    Block,
-    ChannelGroup,
-    ExitPoint,
-    ResidualBlock,
-    ScalableModel,
-    scaled_channels,
-)
-from hfl.models.family import ClassLabels, FamilyLoad, is_family_source, load_family_weights
-from hfl.models.pretrained import PretrainedLoad, load_torchvision_resnet
+Models are declared here with the module that registers each, so that the config checks their
+names without importing torch; a model's module is imported when a run builds it. The names below
+(`hfl.models.build_model`, ...) are imported on first use, for the same reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from hfl.registry import MODELS
 
+_MODEL_MODULES = {
+    "hfl.models.cnn": ("cnn",),
+    "hfl.models.resnet": ("preresnet20", "resnet18", "resnet34", "resnet56", "resnet110"),
+    "hfl.models.mobilenetv2": ("mobilenetv2",),
+    "hfl.models.vit": ("vit", "vit_tiny", "vit_caff_l3", "vit_caff_l6", "vit_caff_l9", "vit_caff_l12"),
+    "hfl.models.gpt": ("gpt", "gpt_l3", "gpt_l6", "gpt_l9"),
+}
+for _module, _names in _MODEL_MODULES.items():
+    for _name in _names:
+        MODELS.declare(_name, _module)
 
-def build_model(
-    name: str,
-    in_channels: int,
-    num_classes: int,
-    width: float = 1.0,
-    norm: str = "bn",
-    pretrained: str = "",
-    cache_dir: str | None = None,
-    depth: int = 0,
-    labels: ClassLabels | None = None,
-) -> ScalableModel:
-    """Build registered model `name` at width ratio `width`; `pretrained` names weights to start
-    from: a member of a family `hfl pretrain` wrote (`family:l`, looked for in
-    `<cache_dir>/pretrained/`, cache_dir defaulting to $HFL_CACHE) or a `.safetensors` file, else
-    torchvision's ImageNet weights for resnet18/resnet34 (a file, or a folder holding it); `depth`,
-    for a model built in several depths (gpt), its body blocks (0: its own). For a language model
-    (gpt) `num_classes` is the vocabulary size and `in_channels` is ignored. `labels`, the task's
-    classes, decides whether a family member's classifier is loaded (`load_family_weights`)."""
-    options = {"depth": depth} if depth else {}
-    model = MODELS.get(name, field="model.name")(in_channels, num_classes, width=width, norm=norm, **options)
-    if next(model.parameters()).is_meta:  # built for shapes only (no storage): nothing to load into
-        return model
-    if pretrained and is_family_source(pretrained):
-        from hfl.data.datasets import default_cache_dir
+NORMS = ("bn", "static_bn", "none")
+"""Normalisation kinds `make_norm` builds: batch norm with running statistics, batch norm with batch
+statistics only (HeteroFL's static BN), or none (an identity: FedMef's NSConv models, ReLU -> conv)."""
 
-        load_family_weights(model, pretrained, cache_dir or default_cache_dir(), name, labels)
-    elif pretrained:
-        load_torchvision_resnet(model, name, pretrained)
-    return model
+_LAZY = {
+    "Block": "hfl.models.base",
+    "ChannelGroup": "hfl.models.base",
+    "ExitPoint": "hfl.models.base",
+    "ResidualBlock": "hfl.models.base",
+    "ScalableModel": "hfl.models.base",
+    "scaled_channels": "hfl.models.base",
+    "build_model": "hfl.models.build",
+    "ClassLabels": "hfl.models.family",
+    "FamilyLoad": "hfl.models.family",
+    "load_family_weights": "hfl.models.family",
+    "PretrainedLoad": "hfl.models.pretrained",
+    "load_torchvision_resnet": "hfl.models.pretrained",
+    "is_family_source": "hfl.models.sources",
+}
+"""Public names and the module each comes from."""
+__all__ = ["NORMS", *sorted(_LAZY)]
 
 
-__all__ = [
-    "Block",
-    "ChannelGroup",
-    "ClassLabels",
-    "ExitPoint",
-    "FamilyLoad",
-    "PretrainedLoad",
-    "ResidualBlock",
-    "ScalableModel",
-    "build_model",
-    "is_family_source",
-    "load_family_weights",
-    "load_torchvision_resnet",
-    "scaled_channels",
-]
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hfl.models' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

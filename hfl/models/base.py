@@ -23,9 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-NORMS = ("bn", "static_bn", "none")
-"""Normalisation kinds `make_norm` builds: batch norm with running statistics, batch norm with batch
-statistics only (HeteroFL's static BN), or none (an identity: FedMef's NSConv models, ReLU -> conv)."""
+from hfl.models import NORMS
 
 
 def scaled_channels(base: int, width: float, unit: int = 1) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,43 +23,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from hfl.data.cache import default_cache_dir
 from hfl.errors import ConfigError
+from hfl.models.sources import (
+    CONFIG_FOLDER,
+    FIELD,
+    MEMBER,
+    card_path,
+    checkpoint_path,
+    family_dir,
+    weights_path,
+)
+from hfl.pretrain_config import estimate_cpu_seconds, load_pretrain_config
 
 logger = logging.getLogger(__name__)
 
-FIELD = "model.pretrained"
-FAMILIES_FOLDER = "pretrained"
-FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_MEMBER = re.compile(r"^(?P<family>[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<depth>\d+)$")
-CONFIG_FOLDER = Path("experiments") / "pretrain"
-"""Where the pretraining configs live, relative to the repository (and to the working directory)."""
 MEMBER_MODELS = {
     ("gpt", 96, 3, 256): {3: "gpt_l3", 6: "gpt_l6", 9: "gpt_l9", 12: "gpt"},
     ("vit", 192, 6, 4): {3: "vit_caff_l3", 6: "vit_caff_l6", 9: "vit_caff_l9", 12: "vit_caff_l12"},
 }
 """Registered model names by (model, dim, heads, context or patch size) and depth: CAFF's shapes."""
-
-
-def family_dir(cache_dir: str | Path, family: str) -> Path:
-    return Path(cache_dir) / FAMILIES_FOLDER / family
-
-
-def weights_path(cache_dir: str | Path, family: str, depth: int) -> Path:
-    return family_dir(cache_dir, family) / f"l{depth}.safetensors"
-
-
-def card_path(cache_dir: str | Path, family: str, depth: int) -> Path:
-    return family_dir(cache_dir, family) / f"l{depth}.json"
-
-
-def checkpoint_path(cache_dir: str | Path, family: str, depth: int) -> Path:
-    return family_dir(cache_dir, family) / f"l{depth}.checkpoint.pt"
-
-
-def is_family_source(source: str) -> bool:
-    """Whether `model.pretrained=source` names a pretrained transformer (`family:l` or a
-    `.safetensors` file) rather than torchvision's ResNet weights."""
-    return bool(_MEMBER.match(source)) or source.endswith(".safetensors")
 
 
 def member_model_name(shape: dict[str, Any]) -> str | None:
@@ -87,8 +69,6 @@ def format_duration(seconds: float) -> str:
 def build_command(family: str, cache_dir: str | Path) -> str:
     """The `hfl pretrain` command that builds `family`, and roughly how long it takes on a 2-core
     CPU when its config is at hand to estimate from."""
-    from hfl.data.datasets import default_cache_dir
-
     config_file = CONFIG_FOLDER / f"{family}.yaml"
     command = f"hfl pretrain {config_file.as_posix()}"
     if Path(cache_dir).resolve() != Path(default_cache_dir()).resolve():
@@ -97,8 +77,6 @@ def build_command(family: str, cache_dir: str | Path) -> str:
     found = next((p for p in (config_file, repo_file) if p.is_file()), None)
     if found is None:
         return f"`{command}` (write {config_file} first, e.g. from {CONFIG_FOLDER.as_posix()}/lm_cpu.yaml)"
-    from hfl.pretrain import estimate_cpu_seconds, load_pretrain_config
-
     try:
         seconds = estimate_cpu_seconds(load_pretrain_config(found))
     except ConfigError:
@@ -110,7 +88,7 @@ def build_command(family: str, cache_dir: str | Path) -> str:
 def resolve_source(source: str, cache_dir: str | Path) -> Path:
     """The `.safetensors` file `model.pretrained=source` names; a missing one is a ConfigError
     that says how to build it."""
-    match = _MEMBER.match(source)
+    match = MEMBER.match(source)
     if not match:
         path = Path(source).expanduser()
         if not path.is_file():

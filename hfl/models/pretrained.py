@@ -25,11 +25,10 @@ from torch import Tensor
 
 from hfl.errors import ConfigError
 from hfl.models.resnet import IMAGENET_CHANNELS, BasicBlock, ResNet
+from hfl.models.sources import TORCHVISION_FILES
 
 logger = logging.getLogger(__name__)
 
-TORCHVISION_FILES = {"resnet18": "resnet18-f37072fd.pth", "resnet34": "resnet34-b627a593.pth"}
-"""torchvision's file names of its IMAGENET1K_V1 weights (as its download cache keeps them)."""
 STAGE_DEPTHS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3)}
 DOWNLOAD_URL = "https://download.pytorch.org/models/"
 FIELD = "model.pretrained"
