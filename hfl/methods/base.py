@@ -158,7 +158,7 @@ class Method:
         self.config, self.resources = config, resources
         self.model = resources.model
         """The global model's structure (adapted by methods that adapt models); read, never trained."""
-        self._shapes: StateDict | None = None
+        self._global_shapes: StateDict | None = None
 
     # -- models -----------------------------------------------------------------------------------
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
@@ -227,10 +227,10 @@ class Method:
 
     def upload_bytes(self, spec: SubmodelSpec) -> int:
         """Bytes a client of `spec` sends up: what it holds of the global state, less its frozen tensors."""
-        if self._shapes is None:  # the global state's shapes, built on the meta device: no weights
+        if self._global_shapes is None:  # the global state's shapes, built on the meta device: no weights
             with torch.device("meta"):
-                self._shapes = self.initial_global_state()
-        held = extract(self._shapes, replace(spec, masks={}))
+                self._global_shapes = self.initial_global_state()
+        held = extract(self._global_shapes, replace(spec, masks={}))
         return tensor_bytes({k: v for k, v in held.items() if k not in spec.frozen}, spec.masks)
 
     def build(self, width: float, norm: str | None = None) -> ScalableModel:

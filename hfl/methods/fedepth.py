@@ -129,7 +129,7 @@ class FeDepth(Method):
         self.model = self.adapt_model(self.model)
         self._stage_costs: dict[tuple, TrainingCost] = {}
         self._layouts: dict[tuple, Layout | None] = {}
-        self._shapes: dict[tuple, list[tuple[int, ...]]] = {}
+        self._block_output_shapes: dict[tuple, list[tuple[int, ...]]] = {}
 
     def check_paper_grouping(self, resources: Resources) -> None:
         """The paper's groups exist for PreResNet-20's nine blocks and the scenario tiers only."""
@@ -173,9 +173,9 @@ class FeDepth(Method):
 
     def head_input_shape(self, model: ScalableModel, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
         key = (tuple(input_shape), dtype)
-        if key not in self._shapes:
-            self._shapes[key] = block_output_shapes(model, input_shape, dtype)
-        return self._shapes[key][-1]
+        if key not in self._block_output_shapes:
+            self._block_output_shapes[key] = block_output_shapes(model, input_shape, dtype)
+        return self._block_output_shapes[key][-1]
 
     def stage_loss(self, models: Sequence[ScalableModel], x: Tensor, y: Tensor, group: Group) -> dict[str, Tensor]:
         return mutual_learning_loss([self.stage_logits(m, x, group) for m in models], y, self.config.temperature)

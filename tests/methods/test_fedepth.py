@@ -5,11 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hfl.backends.base import ClientEnvironment
+from hfl.experiment import ClientEnvironment
+from hfl.accounting.cost import tensor_bytes
 from hfl.losses import mutual_learning_loss
 from hfl.models.shortcut import skip_to_head
 from hfl.server import initial_state, run_experiment, train_settings
 from hfl.submodel.scaling import decompose
+from hfl.submodel.spec import full_spec
 from hfl.types import RoundContext
 from tests.conftest import small_config
 
@@ -263,3 +265,13 @@ def test_budget_command_shows_each_tiers_decomposition(tmp_path, capsys):
     assert set(plans) == {"w1_8", "w1_6", "w1_2", "w1"}
     assert "skips 1" in plans["w1_8"]["plan"] and "skips" not in plans["w1"]["plan"]
     assert all(p["peak_bytes"] <= p["budget_bytes"] for p in plans.values())
+
+
+def test_upload_bytes_count_the_whole_model_after_the_head_shapes_are_cached():
+    """FeDepth caches its blocks' output shapes under a name of its own: sharing the name of
+    Method's cache of the global state's shapes, `upload_bytes` read the block shapes as the model."""
+    env = ClientEnvironment.from_config(small_config(method={"name": "fedepth"}))
+    method = env.method
+    method.head_input_shape(method.model, env.accountant.input_shape, env.accountant.input_dtype)
+
+    assert method.upload_bytes(full_spec()) == tensor_bytes(method.initial_global_state()) > 0
