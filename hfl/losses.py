@@ -50,3 +50,31 @@ def mutual_learning_loss(logits: Sequence[Tensor], y: Tensor, temperature: float
         return {"loss": ce}
     distill = mutual_distillation(list(logits), temperature)
     return {"loss": ce + distill, "ce": ce.detach(), "distillation": distill.detach()}
+
+
+SCALEFL_LOSSES = ("authors", "slides")
+"""The forms of `self_distillation_loss`: the ScaleFL authors' code's, or the paper slides'."""
+
+
+def self_distillation_loss(
+    outputs: Sequence[Tensor], y: Tensor, alpha: float, temperature: float, detach_teacher: bool = False,
+    form: str = "authors", kl_reduction: str = "mean",
+) -> dict[str, Tensor]:
+    """ScaleFL's objective over the exits 1..j of a level-j model (shallowest first), KL_i between
+    exit i and the deepest exit j:
+    'authors': L = sum_i i (CE(y_i, y) + alpha KL_tau(y_i, y_j)) / (j(j+1)/2);
+    'slides':  L = sum_i i (alpha KL_tau(y_i, y_j) + (1 - alpha) CE(y_i, y)) / (j(j+1)).
+    KL is per sample (`kl_reduction=batchmean`) or also averaged over the classes ('mean')."""
+    j = len(outputs)
+    teacher = outputs[-1]
+    ce = torch.stack([F.cross_entropy(logits, y) for logits in outputs])
+    per_class = outputs[0].shape[1] if kl_reduction == "mean" else 1
+    # The deepest exit's KL with itself is 0; it is left out rather than computed.
+    kl = torch.stack([kl_distillation(logits, teacher, temperature, detach_teacher) / per_class for logits in outputs[:-1]]
+                     + [ce.new_zeros(())])
+    weights = torch.arange(1, j + 1, dtype=ce.dtype, device=ce.device)
+    if form == "authors":
+        loss = (weights * (ce + alpha * kl)).sum() / (j * (j + 1) / 2)
+    else:
+        loss = (weights * (alpha * kl + (1 - alpha) * ce)).sum() / (j * (j + 1))
+    return {"loss": loss, "ce": ce.detach().mean(), "kl": kl[:-1].detach().mean() if j > 1 else kl[0].detach()}

@@ -40,13 +40,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from hfl.accounting.analytic import AnalyticCosts
 from hfl.errors import ConfigError, check, check_choice
-from hfl.losses import kl_distillation
+from hfl.losses import SCALEFL_LOSSES, self_distillation_loss
 from hfl.methods.base import Client, Method, MethodConfig, Resources
 from hfl.methods.heterofl import scaling
 from hfl.models.base import ScalableModel, scaled_channels
@@ -128,33 +126,6 @@ def held_exits(exit_blocks: Sequence[int], depth: int, blocks: int) -> frozenset
     """Exits a model cut after `depth` blocks holds: the given ones before the cut, and one at it."""
     cut = {depth - 1} if depth < blocks else set()
     return frozenset(e for e in exit_blocks if e < depth - 1) | cut
-
-
-SCALEFL_LOSSES = ("authors", "slides")
-
-
-def self_distillation_loss(
-    outputs: Sequence[Tensor], y: Tensor, alpha: float, temperature: float, detach_teacher: bool = False,
-    form: str = "authors", kl_reduction: str = "mean",
-) -> dict[str, Tensor]:
-    """ScaleFL's objective over the exits 1..j of a level-j model (shallowest first), KL_i between
-    exit i and the deepest exit j:
-    'authors': L = sum_i i (CE(y_i, y) + alpha KL_tau(y_i, y_j)) / (j(j+1)/2);
-    'slides':  L = sum_i i (alpha KL_tau(y_i, y_j) + (1 - alpha) CE(y_i, y)) / (j(j+1)).
-    KL is per sample (`kl_reduction=batchmean`) or also averaged over the classes ('mean')."""
-    j = len(outputs)
-    teacher = outputs[-1]
-    ce = torch.stack([F.cross_entropy(logits, y) for logits in outputs])
-    per_class = outputs[0].shape[1] if kl_reduction == "mean" else 1
-    # The deepest exit's KL with itself is 0; it is left out rather than computed.
-    kl = torch.stack([kl_distillation(logits, teacher, temperature, detach_teacher) / per_class for logits in outputs[:-1]]
-                     + [ce.new_zeros(())])
-    weights = torch.arange(1, j + 1, dtype=ce.dtype, device=ce.device)
-    if form == "authors":
-        loss = (weights * (ce + alpha * kl)).sum() / (j * (j + 1) / 2)
-    else:
-        loss = (weights * (alpha * kl + (1 - alpha) * ce)).sum() / (j * (j + 1))
-    return {"loss": loss, "ce": ce.detach().mean(), "kl": kl[:-1].detach().mean() if j > 1 else kl[0].detach()}
 
 
 @METHODS.register("scalefl")
