@@ -127,7 +127,7 @@ class CAFF(Method):
 
     def _depth_ladder(self, depth: int) -> Ladder:
         levels = [Level(f"l{depth}t{t}", self.finetune_spec(depth, t), FinetuneOptions(depth, t)) for t in range(1, depth + 1)]
-        return self.make_ladder(levels, global_model="largest", title=f"CAFF's F_{depth}^t, t blocks trained")
+        return self.make_ladder(levels, evaluated="none", global_model="largest", title=f"CAFF's F_{depth}^t, t blocks trained")
 
     def _selection_context(self, client: int) -> RoundContext:
         """Client `client` as round 1 sees it; fitting reads only its samples, batch and budget."""
@@ -146,10 +146,6 @@ class CAFF(Method):
         if self.resources.load_member is not None and not next(model.parameters()).is_meta:
             self.resources.load_member(model, self.depth)
         return model.state_dict()
-
-    def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
-        """One model is trained: every level holds the same weights, so only the global model is scored."""
-        return {}
 
     # -- aggregation --------------------------------------------------------------------------------
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:

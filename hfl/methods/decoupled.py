@@ -39,8 +39,7 @@ class Decoupled(HeteroFL):
     preferred_norm = "bn"  # every model is trained whole by its clients: running statistics are valid
 
     def __init__(self, config: DecoupledConfig, resources: Resources) -> None:
-        super().__init__(config, resources)
-        self.ladder.evaluated_policy, self.ladder.global_policy = "trained", "largest"
+        super().__init__(config, resources, evaluated="trained", global_model="largest")
 
     def level_spec(self, rate: float) -> SubmodelSpec:
         return SubmodelSpec(width=self.model.width * rate, prefix=level_prefix(rate))

@@ -41,8 +41,7 @@ class FedRolex(HeteroFL):
     Config = FedRolexConfig
 
     def __init__(self, config: FedRolexConfig, resources: Resources) -> None:
-        super().__init__(config, resources)
-        self.ladder.place = self.rolled
+        super().__init__(config, resources, place=self.rolled)
 
     def rolled(self, level: Level, ctx: RoundContext) -> tuple[SubmodelSpec, WidthOptions]:
         """The level's window of every channel group, started at channel (round - 1) mod Q, or

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,10 +75,12 @@ class HeteroFL(Method):
     Config = HeteroFLConfig
     preferred_norm = "static_bn"
 
-    def __init__(self, config: HeteroFLConfig, resources: Resources) -> None:
+    def __init__(self, config: HeteroFLConfig, resources: Resources, **ladder_policies: Any) -> None:
+        """`ladder_policies`: what a method built on HeteroFL's levels does differently (`Ladder`'s
+        evaluated, global_model, place)."""
         super().__init__(config, resources)
         levels = [Level(f"x{rate:g}", self.level_spec(rate), WidthOptions(rate)) for rate in sorted(config.widths)]
-        self.ladder = self.make_ladder(levels, tier_window=config.tier_window)
+        self.ladder = self.make_ladder(levels, tier_window=config.tier_window, **ladder_policies)
 
     def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
         """The ladder's task; with the masking trick a client's classifier rows of classes absent

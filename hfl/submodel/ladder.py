@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 TIER_STREAM = 5  # seed tag of a client-round's level draw (data order is tag 1, FjORD's per-batch widths tag 3)
 UNBUDGETED = ("largest", "draw")
-EVALUATED = ("all", "nested", "trained")
+EVALUATED = ("all", "nested", "trained", "none")
 GLOBAL = ("whole", "largest", "largest_trained")
 
 
@@ -97,7 +97,8 @@ class Ladder:
     `unbudgeted`: what a client without a memory budget trains: 'largest', or 'draw' (ScaleFL: a
     level drawn uniformly once per client, fixed for the run). `evaluated`: the sub-models scored
     every evaluation: 'all' levels, the 'nested' ones up to the largest trained (training a level
-    trains the smaller ones inside it: FjORD, DepthFL), or the 'trained' ones; before round 1 all.
+    trains the smaller ones inside it: FjORD, DepthFL), the 'trained' ones (before round 1 all), or
+    'none' (CAFF: every level holds the same weights, so only the global model is scored).
     `global_model`: what is scored as the global model: the 'whole' global state, the 'largest'
     level, or the 'largest_trained' one. `table(ctx)`: rows `hfl budget` prints (default one per
     level), a row whose `name` is a level's getting that level's training memory."""
@@ -171,6 +172,8 @@ class Ladder:
 
     def evaluated(self, trained_levels: frozenset[str]) -> dict[str, SubmodelSpec]:
         """The sub-models scored every evaluation, by level name."""
+        if self.evaluated_policy == "none":
+            return {}
         trained = self.trained(trained_levels)
         if self.evaluated_policy == "all" or not trained:
             levels = self.levels

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hfl.experiment import ClientEnvironment
 from hfl.accounting.cost import tensor_bytes
+from hfl.experiment import ClientEnvironment
 from hfl.losses import mutual_learning_loss
 from hfl.models.shortcut import skip_to_head
 from hfl.server import initial_state, run_experiment, train_settings

@@ -11,7 +11,8 @@ from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.methods.base import MethodState
 from hfl.server import run_experiment
-from hfl.submodel.ladder import DynamicTiers
+from hfl.submodel.ladder import DynamicTiers, Ladder, Level
+from hfl.submodel.spec import SubmodelSpec
 from hfl.types import RoundContext, TrainSettings
 from tests.conftest import level_cost, method_for, small_config
 
@@ -144,3 +145,12 @@ def test_a_run_with_tiers_trains_several_levels(tmp_path):
 def test_a_bad_window_names_the_field(name, window):
     with pytest.raises(ConfigError, match="tier_window"):
         small_config(method={"name": name, "tier_window": window})
+
+
+@pytest.mark.parametrize(("policy", "evaluated"), [("all", ["a", "b", "c"]), ("nested", ["a", "b"]), ("trained", ["b"]), ("none", [])])
+def test_the_evaluated_policy_names_the_scored_levels(policy, evaluated):
+    """'none' is CAFF's: its levels share one model's weights, so only the global model is scored."""
+    levels = [Level(name, SubmodelSpec()) for name in "abc"]
+    ladder = Ladder(levels, cost=lambda task, batch: None, evaluated=policy)
+
+    assert list(ladder.evaluated(frozenset({"b"}))) == evaluated
