@@ -332,7 +332,7 @@ def command_budget(args: argparse.Namespace) -> int:
         title = f"{report['levels_title']}; " if report.get("levels_title") else ""
         print(f"\nSub-models of {config.method.name} ({title}FLOPs: forward, per sample; memory: training)")
         first = report["levels"][0]
-        named = [] if "level" in first else ["name"]  # a numbered level (ScaleFL's) is its own name
+        named = [] if {"level", "submodel"} & first.keys() else ["name"]  # a numbered level (ScaleFL's, NeFL's) is its own name
         columns = [*named, *(k for k in first if k not in ("name", "cost"))]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))

@@ -252,7 +252,7 @@ def recorded_rounds(result_file: str) -> int:
     Tune takes a reported round in two steps: the result (the trial's `last_result`, a line of
     result.json) and then, from a separate call to the trial, the checkpoint reported with it. A
     sweep stopped between the two (a Ctrl-C) saves a state whose last checkpoint is a round older
-    than its last result, and the restored trial replays that round: hfl's runs are deterministic,
+    than its last result (or none at all), and the restored trial replays that round: hfl's runs are deterministic,
     so the replay reproduces it, and the reporter leaves it out instead of Tune recording it twice."""
     text = read_text(result_file) or ""
     rounds = [json.loads(line).get("round", 0) for line in text.splitlines() if line.strip()]
@@ -272,7 +272,9 @@ def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
     with staged(location, "--out") as (run_dir, push):
         run_dir.mkdir(parents=True, exist_ok=True)
         resume = _restore_into(run_dir)
-        recorded = recorded_rounds(join(setup.tune_dir, trial_id, RESULT_FILE)) if resume else 0
+        # Also without a checkpoint: a Ctrl-C between round 1's result and its checkpoint restarts the
+        # trial from scratch, and its replayed round 1 is already Tune's.
+        recorded = recorded_rounds(join(setup.tune_dir, trial_id, RESULT_FILE))
         log.info("trial %s: %s in %s%s", trial_id, params, location, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
         # The trial's own wandb run carries its swept values; the server then starts none.
         wandb = [WandbLogger(config, run_dir, resume, swept=setup.swept(params))] if config.logging.wandb else []

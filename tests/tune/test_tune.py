@@ -208,26 +208,31 @@ class InProcessTrialSession:
             shutil.copytree(checkpoint.path, self.latest, dirs_exist_ok=True)
 
 
-def test_a_trial_stopped_between_a_rounds_result_and_its_checkpoint_replays_that_round_unreported(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop_round", [2, 1])
+def test_a_trial_stopped_between_a_rounds_result_and_its_checkpoint_replays_that_round_unreported(tmp_path, monkeypatch, stop_round):
     """The race behind `recorded_rounds`, built deterministically: Tune's last result (round 2) is a
     round ahead of its last checkpoint (round 1). The restored trial replays round 2 from the
-    checkpoint, to the same numbers, without reporting it again."""
+    checkpoint, to the same numbers, without reporting it again. Stopped before round 1's checkpoint,
+    the trial restarts from scratch and replays round 1 unreported (seen as [1, 1, 2, 3, 4] under load)."""
     setup = TrialSetup(load_sweep(write_sweep(tmp_path, overrides=["fl.rounds=3"])).base, str(tmp_path / "trials"), str(tmp_path / "tune"), "g")
     params, run_dir = {"fl.lr": 0.1, "data.alpha": 1.0}, tmp_path / "trials" / "t"
-    session = InProcessTrialSession(tmp_path / "tune", "t", stop_before_checkpoint_of=2)
+    session = InProcessTrialSession(tmp_path / "tune", "t", stop_before_checkpoint_of=stop_round)
     session.install(monkeypatch)
     with pytest.raises(StoppedBetweenResultAndCheckpoint):
         run_trial(setup, params)
-    assert reported_rounds(session.results) == [1, 2]
-    assert torch.load(session.latest / "checkpoint.pt", weights_only=False)["round"] == 1
+    assert reported_rounds(session.results) == list(range(1, stop_round + 1))
+    if stop_round == 2:
+        assert torch.load(session.latest / "checkpoint.pt", weights_only=False)["round"] == 1
+    else:
+        assert not (session.latest / "checkpoint.pt").exists()
     first_two = scores(str(run_dir))
-    assert [r[0] for r in first_two] == [1, 2]  # the run folder is the round ahead
+    assert [r[0] for r in first_two] == list(range(1, stop_round + 1))  # the run folder is the round ahead
 
     session.stop_round = None
     run_trial(setup, params)
     assert reported_rounds(session.results) == [1, 2, 3]
     resumed = scores(str(run_dir))
-    assert [r[0] for r in resumed] == [1, 2, 3] and resumed[:2] == first_two
+    assert [r[0] for r in resumed] == [1, 2, 3] and resumed[:stop_round] == first_two
 
 
 # -- with Ray -------------------------------------------------------------------------------------
