@@ -66,6 +66,20 @@ run_on_members() {
   done
 }
 
+# CAFF's grids: `methods=caff,fedhm` runs only those methods (the caller sets `methods` from the option and
+# `known` to the script's methods); refuses a name the script does not run.
+#   select_methods "caff,fedhm"; selected fedhm && ...
+select_methods() {
+  local name
+  IFS=, read -ra methods <<< "$1"
+  for name in "${methods[@]}"; do
+    [[ " ${known[*]} " == *" $name "* ]] || { echo "compare.sh: methods=$name is not one of ${known[*]}" >&2; exit 2; }
+  done
+}
+selected() {
+  [[ " ${methods[*]} " == *" $1 "* ]]
+}
+
 write_report() {
   hfl report "${runs[@]}" --out "$out/report"
 }

@@ -231,3 +231,22 @@ def test_caff_grids_bound_flops_per_mini_batch_as_the_paper_counts_them(tmp_path
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
     calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "kinds=flops", "levels=1")
     assert all("budgets.flops=[5e9]" in c for c in calls[:-1])
+
+
+@pytest.mark.parametrize("table, methods, expected", [
+    ("caff_table1", "fedhm", ["memory1-fedhm"]),
+    ("caff_table1", "caff,fedrolex", ["memory1-caff", "memory1-fedrolex"]),
+    ("caff_table2", "caff,depthfl", ["memory-caff", "memory-depthfl"]),
+])
+def test_caff_grids_run_only_the_methods_named(tmp_path, table, methods, expected):
+    member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"))
+    levels = ["levels=1"] if table == "caff_table1" else []
+    calls = calls_of(ROOT / "experiments" / table / "compare.sh", tmp_path, "kinds=memory", *levels, f"methods={methods}")
+    assert sorted(Path(c[-1]).name for c in calls[:-1]) == expected
+    assert not any(a.startswith("methods=") for c in calls for a in c)
+
+
+def test_caff_grids_refuse_a_method_they_do_not_run(tmp_path):
+    done = subprocess.run(["bash", str(ROOT / "experiments" / "caff_table1" / "compare.sh"), str(tmp_path / "out"), "methods=caff,heterofl"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "methods=heterofl is not one of caff hetlora fedhm fedrolex" in done.stderr

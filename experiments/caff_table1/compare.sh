@@ -25,7 +25,8 @@
 # Overrides go to every run; `kinds=memory,upload` runs only those constraint kinds (two shells can
 # split the grid), `levels=1,3` only those levels. `random_init=yes` adds, per column, CAFF on the same
 # architecture with freshly initialised blocks (`model.pretrained=''`, into KIND-caff_random): the
-# ablation the paper implies, what the frozen blocks owe to pretraining. `members=all` runs each baseline on every member
+# ablation the paper implies, what the frozen blocks owe to pretraining. `methods=caff,fedhm` runs only those
+# methods (caff_random comes with caff). `members=all` runs each baseline on every member
 # whose smallest level fits (into KIND-METHOD-l<depth>), for the best of four members the paper
 # reports for some columns (Figure 4: "we evaluate all NN architectures ... and present the best").
 #   experiments/caff_table1/compare.sh runs/caff1 fl.rounds=20
@@ -39,6 +40,8 @@ levels=(1 2 3)
 configs=$here
 choose=run_on_member
 random_init=no
+known=(caff hetlora fedhm fedrolex)
+methods=("${known[@]}")
 common=()
 for arg in "${overrides[@]}"; do
   case $arg in
@@ -53,11 +56,13 @@ for arg in "${overrides[@]}"; do
     random_init=yes) random_init=yes ;;
     random_init=no) random_init=no ;;
     random_init=*) echo "compare.sh: random_init=${arg#random_init=} is not one of yes, no" >&2; exit 2 ;;
+    methods=*) select_methods "${arg#methods=}" ;;
     *) common+=("$arg") ;;
   esac
 done
 baselines=(hetlora fedhm fedrolex)
 for method in "${baselines[@]}"; do
+  selected "$method" || continue
   member_costs "$method" "$configs/$method.yaml" "${common[@]}"
 done
 declare -A amounts=([memory]="60MiB 80MiB 110MiB" [upload]="0.5MiB 1MiB 2MiB" [flops]="5e9 10e9 20e9")
@@ -70,9 +75,12 @@ for kind in "${kinds[@]}"; do
     memory=$free upload=$free flops=$free
     declare "$kind=$value"
     budget=("budgets.memory=[$memory]" "budgets.upload=[$upload]" "budgets.flops=[$flops]")
-    run_method "$kind$level-caff" "$configs/caff.yaml" "${common[@]}" "${budget[@]}"
-    [ "$random_init" = no ] || run_method "$kind$level-caff_random" "$configs/caff.yaml" "${common[@]}" "${budget[@]}" "model.pretrained=''"
+    if selected caff; then
+      run_method "$kind$level-caff" "$configs/caff.yaml" "${common[@]}" "${budget[@]}"
+      [ "$random_init" = no ] || run_method "$kind$level-caff_random" "$configs/caff.yaml" "${common[@]}" "${budget[@]}" "model.pretrained=''"
+    fi
     for method in "${baselines[@]}"; do
+      selected "$method" || continue
       $choose "$kind$level-$method" "$configs/$method.yaml" "$out/costs/$method.json" smallest "$memory" "$upload" "$flops" \
         "${common[@]}" "${budget[@]}"
     done

@@ -12,7 +12,7 @@
 # `task=cifar10` runs it on CIFAR-10 classes 5-9 with the vit_cpu family (configs in cifar10/ and
 # ../caff_table1/cifar10/), at the ViT amounts of experiments/caff_table1/compare.sh:
 #   memory [125, 215] MiB    upload [2, 7] MiB    FLOPs [19.2, 51.2] GFLOPs per mini-batch
-# Overrides go to every run; `kinds=memory` runs only those constraint kinds.
+# Overrides go to every run; `kinds=memory` runs only those constraint kinds, `methods=caff,fedhm` only those methods.
 #   experiments/caff_table2/compare.sh runs/caff2 fl.rounds=20
 #   experiments/caff_table2/compare.sh runs/caff2_cifar10 task=cifar10 fl.rounds=20
 set -euo pipefail
@@ -22,6 +22,8 @@ source "$here/../compare_lib.sh"
 parse_comparison "$@"
 kinds=(memory upload flops)
 configs=$here
+known=(caff hetlora fedhm fedrolex heterofl fjord depthfl)
+methods=("${known[@]}")
 common=()
 for arg in "${overrides[@]}"; do
   case $arg in
@@ -29,6 +31,7 @@ for arg in "${overrides[@]}"; do
     task=cifar10) configs=$here/cifar10 table1=$table1/cifar10 ;;
     task=*) echo "compare.sh: task=${arg#task=} is not one of shakespeare, cifar10" >&2; exit 2 ;;
     kinds=*) IFS=, read -ra kinds <<< "${arg#kinds=}" ;;
+    methods=*) select_methods "${arg#methods=}" ;;
     *) common+=("$arg") ;;
   esac
 done
@@ -36,6 +39,7 @@ declare -A config=([hetlora]="$table1/hetlora.yaml" [fedhm]="$table1/fedhm.yaml"
                    [heterofl]="$configs/heterofl.yaml" [fjord]="$configs/fjord.yaml" [depthfl]="$configs/depthfl.yaml")
 declare -A fits=([hetlora]=smallest [fedhm]=largest [fedrolex]=smallest [heterofl]=largest [fjord]=largest [depthfl]=largest)
 for method in "${!config[@]}"; do
+  selected "$method" || continue
   dense=()  # FedHM's costs with its dense level on top, so that `largest` is the model without SVD
   [ "$method" = fedhm ] && dense=("method.train_dense=true")
   member_costs "$method" "${config[$method]}" "${common[@]}" "${dense[@]}"
@@ -48,8 +52,9 @@ for kind in "${kinds[@]}"; do
   lo[$kind]=${lows[$kind]}
   hi[$kind]=${highs[$kind]}
   budget=("budgets.memory=[${lo[memory]},${hi[memory]}]" "budgets.upload=[${lo[upload]},${hi[upload]}]" "budgets.flops=[${lo[flops]},${hi[flops]}]")
-  run_method "$kind-caff" "$table1/caff.yaml" "${common[@]}" "${budget[@]}"
+  selected caff && run_method "$kind-caff" "$table1/caff.yaml" "${common[@]}" "${budget[@]}"
   for method in hetlora fedhm fedrolex heterofl fjord depthfl; do
+    selected "$method" || continue
     if [ "${fits[$method]}" = smallest ]; then side=("${lo[memory]}" "${lo[upload]}" "${lo[flops]}")
     else side=("${hi[memory]}" "${hi[upload]}" "${hi[flops]}"); fi
     run_on_member "$kind-$method" "${config[$method]}" "$out/costs/$method.json" "${fits[$method]}" "${side[@]}" "${common[@]}" "${budget[@]}"
