@@ -18,12 +18,12 @@ from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.accounting.flops import FlopCounterMode
 from hfl.config import ExperimentConfig, build_dataclass
 from hfl.experiment import ClientEnvironment, build_model_for
-from hfl.methods.base import Method, describe_task
+from hfl.methods.base import Method
 from hfl.methods.fedtiny import Adjustment
 from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
 from hfl.pruning.masks import prunable_keys
 from hfl.registry import METHODS
-from hfl.types import RoundContext, TrainSettings
+from hfl.types import ClientTask, RoundContext, TrainSettings
 
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 SPARSITIES = (0.8, 0.9, 0.95)
@@ -32,6 +32,18 @@ SPARSE_TABLE_METHODS = ("fedavg", "flpqsu", "feddst", "fedtiny", "fedtiny, no no
 """The rows of the sparse table: the methods as configured (their own norms: batch norm but for
 FedMef's norm-free NSConv model), FedTiny on FedMef's norm-free model (so FedMef's saving over it is
 SAP's, not the removed norms'), and FedMef's model without SAP."""
+
+
+def describe_task(task: ClientTask) -> str:
+    """One line on what a client trains, for `hfl budget`'s per-tier plans."""
+    options = task.options
+    if options is None:
+        whole = not task.spec.indices and not task.spec.absent
+        return "the whole model" if whole else str(task.spec.describe())
+    text = str(options) if "__str__" in type(options).__dict__ else ", ".join(f"{k}={v}" for k, v in vars(options).items())
+    if len(task.choices) > 1:
+        text += f", drawn among {', '.join(task.choices)}"
+    return text
 
 
 def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, round_: int = 1) -> RoundContext:
@@ -241,5 +253,4 @@ def budget_report(config: ExperimentConfig, env: ClientEnvironment) -> dict[str,
         "plans": tier_plans(config, env),
         **({"levels": ladder.rows(round_one(config, env, 0)), "levels_title": ladder.title} if (ladder := env.method.ladder) else {}),
         **({"sparse": sparse_rows(config, env)} if isinstance(env.method, SparseStart) else {}),
-        **({"method_table": {"title": t[0], "rows": t[1]}} if (t := env.method.budget_table(round_one(config, env, 0))) else {}),
     }

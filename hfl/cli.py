@@ -336,10 +336,6 @@ def command_budget(args: argparse.Namespace) -> int:
         columns = [*named, *(k for k in first if k not in ("name", "cost"))]
         print(table([LEVEL_HEADERS.get(k, k) for k in columns],
                     [[level_cell(k, lv.get(k)) for k in columns] for lv in report["levels"]]))
-    if report.get("method_table"):
-        rows = report["method_table"]["rows"]
-        print(f"\n{report['method_table']['title']} (memory in MiB)")
-        print(table(list(rows[0]), [[level_cell(k, v) for k, v in r.items()] for r in rows]))
     if report.get("sparse"):
         print("\nSparse training, FedMef's Table 1 / Table 5 form (one client of the mean partition, one adjustment round; "
               "memory in MiB, the paper's estimate 2M_p + 2M_a (+ M_xi), FedMef's 2M_p + M_a(SAP) + M_a(dense) + M_xi)")

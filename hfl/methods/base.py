@@ -1,29 +1,25 @@
 """The method plug-in API: plan (which sub-model a client trains), objective (its loss) and
 aggregate (global state + updates -> new global state), over a `Resources` object given once.
 
-A method is a subclass of `Method` with a `Config` dataclass. The members a method may override:
+A method is a subclass of `Method` with a `Config` dataclass, built in one step from `resources`.
+Beside the three roles it may override:
 
-- `__init__(config, resources)`: everything it needs is in `resources`, so it is built in one step;
-- the roles: `plan`, `objective`, `aggregate`;
-- its models: `adapt_model` (exits, a norm per width, applied to every model built),
-  `client_model` (a client's model from a spec, when it is more than the adapted model shaped by the
-  spec), `initial_global_state` (when the global state holds more than one model);
+- `adapt_model` (exits, a norm per width, applied to every model built), `client_model` (when a
+  client's model is more than the adapted model shaped by its spec), `initial_global_state` (when the
+  global state holds more than one model);
 - `client_state`, when a client receives something other than its slice of the global state (FedHM's
-  low-rank factors of the global weights);
+  low-rank factors; its upload is then what it received, `upload_bytes`);
 - `training_cost`, when a task costs more than one cross-entropy step of its spec's model;
 - `client_uploads`, when a client sends more than its trained weights (FedTiny's and FedMef's top-k
-  gradients of pruned entries): tensors computed at the end of the client's training that travel in
-  `ClientUpdate.extras`, are counted in its bytes_up, and reach `aggregate` with the update.
+  gradients of pruned entries, in `ClientUpdate.extras`, counted in its bytes_up).
 
-An objective may also set the learning rate of the step it computes the loss for, through
-`client.optimizer` (FedMef's budgeted rate): the client steps that optimiser right after.
-
+An objective may set the learning rate of its step through `client.optimizer` (FedMef's budgeted rate).
 Methods whose clients train one of several sub-models set `self.ladder` (`hfl.submodel.ladder`),
-which plans, fits budgets, records trained levels and names what is evaluated; they then need no
-`plan` of their own. Class attributes declare the rest: `State` (a frozen dataclass checkpointed
-with the model) and `preferred_norm`; `MethodConfig.weighting` says how the masked mean weighs clients.
+which plans, fits budgets, records trained levels, names what is evaluated and gives `hfl budget`
+its table; they need no `plan` of their own. Sparse methods set `self.initial_masks`, which the
+method state carries (`MethodState.masks`) and the global model is scored with. Class attributes
+declare the rest: `State` (checkpointed with the model) and `preferred_norm`.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -84,6 +80,9 @@ class MethodState:
 
     trained_levels: frozenset[str] = frozenset()
     """Levels of the method's ladder some client has trained (recorded by the server)."""
+    masks: Mapping[str, Tensor] = field(default_factory=dict)
+    """The global model's element masks ({prunable state key: bool tensor}, False entries pruned and
+    zero), for the sparse methods; empty: dense. The global model is scored with them."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,9 @@ class Method:
         self.config, self.resources = config, resources
         self.model = resources.model
         """The global model's structure (adapted by methods that adapt models); read, never trained."""
-        self._global_shapes: StateDict | None = None
+        self.initial_masks: dict[str, Tensor] = {}
+        """The global model's masks before round 1 (`MethodState.masks`); a sparse method sets them."""
+        self._sent_shapes: dict[tuple, StateDict] = {}
 
     # -- models -----------------------------------------------------------------------------------
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
@@ -214,11 +215,6 @@ class Method:
 
         return self.resources.accountant.cost(("client", spec.shape, spec.frozen), build, batch_size)
 
-    def budget_table(self, ctx: RoundContext) -> tuple[str, list[dict[str, Any]]] | None:
-        """A title and rows of the method's own costs that `hfl budget` prints beside the ladder's
-        (CAFF's (l, t) table), for the client `ctx` describes; None: nothing more."""
-        return None
-
     # -- derived, not meant to be overridden ---------------------------------------------------------
     def make_ladder(self, levels: Sequence[Level], **policies: Any) -> Ladder:
         """A ladder over `levels`, costed by this method's `training_cost` and fitted to the run's
@@ -226,12 +222,13 @@ class Method:
         return Ladder(levels, self.training_cost, budgets=self.resources.budgets, upload=self.upload_bytes, **policies)
 
     def upload_bytes(self, spec: SubmodelSpec) -> int:
-        """Bytes a client of `spec` sends up: what it holds of the global state, less its frozen tensors."""
-        if self._global_shapes is None:  # the global state's shapes, built on the meta device: no weights
-            with torch.device("meta"):
-                self._global_shapes = self.initial_global_state()
-        held = extract(self._global_shapes, replace(spec, masks={}))
-        return tensor_bytes({k: v for k, v in held.items() if k not in spec.frozen}, spec.masks)
+        """Bytes a client of `spec` sends up: its client model's tensors (what `client_state` gives it:
+        FedHM's factors, not the weights they stand for), less its frozen ones and pruned entries."""
+        key = (spec.shape, spec.frozen)
+        if key not in self._sent_shapes:
+            with torch.device("meta"):  # shapes only: no weights
+                self._sent_shapes[key] = {k: v for k, v in self.client_model(spec).state_dict().items() if k not in spec.frozen}
+        return tensor_bytes(self._sent_shapes[key], spec.masks)
 
     def build(self, width: float, norm: str | None = None) -> ScalableModel:
         """The method's model (adapted) at an absolute width ratio, freshly initialised, on the CPU."""
@@ -241,11 +238,12 @@ class Method:
         return self.model.width if spec.width is None else spec.width
 
     def init_state(self) -> MethodState:
-        return self.State()
+        return self.State(masks={k: m.clone() for k, m in self.initial_masks.items()})
 
     def global_model_spec(self, state: MethodState) -> SubmodelSpec:
-        """What is scored as "the global model"."""
-        return self.ladder.global_spec(state.trained_levels) if self.ladder else full_spec()
+        """What is scored as "the global model" (with the global masks: what an NSConv standardises over)."""
+        spec = self.ladder.global_spec(state.trained_levels) if self.ladder else full_spec()
+        return replace(spec, masks=state.masks) if state.masks else spec
 
     def submodels(self, state: MethodState) -> dict[str, SubmodelSpec]:
         """The sub-models scored every evaluation (worst and mean go to the summary), by name."""
@@ -257,14 +255,3 @@ def record_trained(state: MethodState, updates: Sequence[ClientUpdate]) -> Metho
     levels = {u.level for u in updates if u.level is not None}
     return replace(state, trained_levels=state.trained_levels | levels) if levels - state.trained_levels else state
 
-
-def describe_task(task: ClientTask) -> str:
-    """One line on what a client trains, for `hfl budget`'s per-tier plans."""
-    options = task.options
-    if options is None:
-        whole = not task.spec.indices and not task.spec.absent
-        return "the whole model" if whole else str(task.spec.describe())
-    text = str(options) if "__str__" in type(options).__dict__ else ", ".join(f"{k}={v}" for k, v in vars(options).items())
-    if len(task.choices) > 1:
-        text += f", drawn among {', '.join(task.choices)}"
-    return text

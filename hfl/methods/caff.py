@@ -116,7 +116,8 @@ class CAFF(Method):
         contexts = [self._selection_context(c) for c in range(len(resources.budgets))]
         self.selection = select_depth(config.depths, len(contexts), lambda depth, c: self._largest_fitting(depth, contexts[c]))
         self.depth = self.selection.depth
-        self.ladder = self.ladders[self.depth]
+        title = f"CAFF's selection (Eq. 1-3): F_l^t per depth l and t blocks trained, at a full batch; chosen l = {self.depth}"
+        self.ladder = self._depth_ladder(self.depth, table=self.selection_rows, title=title)
 
     # -- the family's configurations F_l^t -----------------------------------------------------------
     def finetune_spec(self, depth: int, trained: int) -> SubmodelSpec:
@@ -125,9 +126,9 @@ class CAFF(Method):
         spec = drop_blocks(SubmodelSpec(), model, range(depth, len(model.body)))
         return freeze(spec, embedding_keys(model) | block_keys(model, range(depth - trained)))
 
-    def _depth_ladder(self, depth: int) -> Ladder:
+    def _depth_ladder(self, depth: int, **reporting: Any) -> Ladder:
         levels = [Level(f"l{depth}t{t}", self.finetune_spec(depth, t), FinetuneOptions(depth, t)) for t in range(1, depth + 1)]
-        return self.make_ladder(levels, evaluated="none", global_model="largest", title=f"CAFF's F_{depth}^t, t blocks trained")
+        return self.make_ladder(levels, evaluated="none", global_model="largest", **reporting)
 
     def _selection_context(self, client: int) -> RoundContext:
         """Client `client` as round 1 sees it; fitting reads only its samples, batch and budget."""
@@ -152,15 +153,14 @@ class CAFF(Method):
         return (cocofl_mean(global_state, updates) if updates else dict(global_state)), state
 
     # -- reporting ----------------------------------------------------------------------------------
-    def budget_table(self, ctx: RoundContext) -> tuple[str, list[dict[str, Any]]]:
-        """Every (l, t) at a full batch: measured peak memory, FLOPs per sample, upload; the mean t
-        and the choice (a client with fewer samples than a batch pays less memory)."""
+    def selection_rows(self, ctx: RoundContext) -> list[dict[str, Any]]:
+        """`hfl budget`'s table: every F_l^t at a full batch (measured peak memory, FLOPs per sample,
+        upload), the mean t per l and the choice (a client with fewer samples than a batch pays less memory)."""
         rows = []
-        batch = ctx.train.batch_size
         for depth, ladder in self.ladders.items():
             for level in ladder.levels:
-                cost = self.training_cost(ladder.task_for(ctx, level), batch)
-                rows.append({"depth": depth, "trained": level.options.trained, "peak_bytes": cost.peak_bytes,
+                cost = self.training_cost(ladder.task_for(ctx, level), ctx.train.batch_size)
+                rows.append({"level": level.name, "depth": depth, "trained": level.options.trained, "peak_bytes": cost.peak_bytes,
                              "train_flops_per_sample": cost.train_flops_per_sample, "upload_bytes": self.upload_bytes(level.spec),
                              "mean_trained": self.selection.mean_trained[depth], "chosen": depth == self.depth})
-        return f"CAFF's selection (Eq. 1-3): F_l^t per depth l and trained blocks t, batch {batch}; chosen l = {self.depth}", rows
+        return rows

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -58,12 +58,6 @@ class FedDSTConfig(AdjustedSparseConfig):
 
 
 @dataclass(frozen=True)
-class FedDSTState(MethodState):
-    masks: Mapping[str, Tensor] = field(default_factory=dict)
-    """The global mask: {prunable state key: bool tensor}, False entries pruned."""
-
-
-@dataclass(frozen=True)
 class Readjustment:
     """A client-round that readjusts its mask (`ClientTask.options`)."""
 
@@ -87,12 +81,8 @@ def keep_largest_in_union(averaged: Mapping[str, Tensor], union: Mapping[str, Te
 @METHODS.register("feddst")
 class FedDST(SparseStart):
     Config = FedDSTConfig
-    State = FedDSTState
 
-    def init_state(self) -> FedDSTState:
-        return FedDSTState(masks=self.initial_masks)
-
-    def plan(self, ctx: RoundContext, state: FedDSTState) -> ClientTask | None:
+    def plan(self, ctx: RoundContext, state: MethodState) -> ClientTask | None:
         config = self.config
         rate = feddst_adjustment_rate(ctx.round, config.alpha, config.stop_round) if ctx.round % config.adjust_every == 0 else 0.0
         readjustment = None
@@ -118,7 +108,7 @@ class FedDST(SparseStart):
         masks, _ = prune_and_grow(weights, client.masks, gradients, counts)
         client.replace_masks(masks)
 
-    def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: FedDSTState) -> tuple[StateDict, FedDSTState]:
+    def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:
         if not updates:
             return global_state, state
         averaged, state = super().aggregate(global_state, updates, state)

@@ -39,7 +39,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hfl.accounting.cost import tensor_bytes
 from hfl.errors import check
 from hfl.methods.base import LadderConfig, Method, MethodState, Resources
 from hfl.methods.transformer import (
@@ -127,7 +126,6 @@ class FedHM(Method):
         limit = min(min(layer.in_features, layer.out_features) for layer in linears.values())
         check(max(config.ranks) <= limit, "method.ranks", list(config.ranks), f"ranks of at most {limit}, min(out, in) of the model's block linears")
         self.frozen = embedding_keys(self.model) if config.freeze_embeddings else frozenset()
-        self._uploads: dict[tuple, int] = {}
         levels = [Level(f"r{rank}", self.rank_spec(rank), RankOptions(rank)) for rank in sorted(config.ranks)]
         if config.train_dense:
             levels.append(Level("dense", SubmodelSpec(frozen=self.frozen), RankOptions(None)))
@@ -176,13 +174,3 @@ class FedHM(Method):
 
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: MethodState) -> tuple[StateDict, MethodState]:
         return super().aggregate(global_state, [replace(u, state=self.dense_update(u)) for u in updates], state)
-
-    def upload_bytes(self, spec: SubmodelSpec) -> int:
-        """Bytes of the tensors a client of `spec` trains: a factorised client's factors, not the
-        dense weights they stand for."""
-        key = (spec.shape, spec.frozen)
-        if key not in self._uploads:
-            with torch.device("meta"):  # shapes only: no weights
-                model = self.client_model(spec)
-            self._uploads[key] = tensor_bytes({k: v for k, v in model.state_dict().items() if k not in spec.frozen})
-        return self._uploads[key]

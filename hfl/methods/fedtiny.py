@@ -22,7 +22,7 @@ the client's batch-norm statistics as training left them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from hfl.pruning.schedules import adjustment_count, fedmef_adjustment_rate
 from hfl.pruning.selection import SparseGradient, prune_and_grow, top_pruned_gradients
 from hfl.registry import METHODS
 from hfl.submodel.aggregate import masked_weighted_mean
-from hfl.submodel.spec import SubmodelSpec, full_spec
+from hfl.submodel.spec import full_spec
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
 VALUES, POSITIONS = "/gradient_values", "/gradient_positions"
@@ -49,8 +49,6 @@ class FedTinyConfig(AdjustedSparseConfig):
 
 @dataclass(frozen=True)
 class SparseTrainingState(MethodState):
-    masks: dict[str, Tensor] = field(default_factory=dict)
-    """The global mask per prunable key: False entries are pruned (zero) and not sent."""
     rounds: int = 0
     """Rounds aggregated so far: `aggregate` learns from it which round it closes."""
 
@@ -107,9 +105,6 @@ class FedTiny(SparseStart):
     Config = FedTinyConfig
     State = SparseTrainingState
 
-    def init_state(self) -> SparseTrainingState:
-        return SparseTrainingState(masks={k: m.clone() for k, m in self.initial_masks.items()})
-
     def adjusts(self, round_: int) -> bool:
         """Whether the mask is adjusted at the end of round `round_` (1-based)."""
         return round_ % self.config.adjust_every == 0 and round_ <= self.config.stop_round
@@ -122,10 +117,6 @@ class FedTiny(SparseStart):
     def plan(self, ctx: RoundContext, state: SparseTrainingState) -> ClientTask | None:
         options = Adjustment(self.adjustment_counts(ctx.round, state.masks)) if self.adjusts(ctx.round) else None
         return ClientTask(ctx, replace(full_spec(), masks=state.masks), options=options)
-
-    def global_model_spec(self, state: SparseTrainingState) -> SubmodelSpec:
-        """The masked global model: the masks also say what an NSConv standardises over."""
-        return replace(full_spec(), masks=state.masks)
 
     def client_uploads(self, client: Client, batches: Iterable[tuple[Tensor, Tensor]]) -> StateDict:
         adjustment = client.task.options

@@ -84,7 +84,7 @@ def caff_config(tmp_path, method="caff", **budgets):
 def test_member_l_is_finetuned_in_its_last_t_blocks_and_sends_exactly_them(tmp_path, monkeypatch):
     members = tiny_family(tmp_path / "cache", monkeypatch)
     probe = ClientEnvironment.from_config(caff_config(tmp_path, memory=["1GB"]))
-    costs = {(r["depth"], r["trained"]): r["peak_bytes"] for r in probe.method.budget_table(_ctx(probe))[1]}
+    costs = {(r["depth"], r["trained"]): r["peak_bytes"] for r in probe.method.ladder.rows(_ctx(probe))}
     # Half the clients fit F_3^1 only, half F_3^3: l = 3 (mean 2) beats l = 2 (mean 1.5) and l = 1 (1).
     weak, strong = costs[(3, 1)], costs[(3, 3)]
     assert costs[(2, 2)] > weak  # so that at l = 2 the weak clients train one block
@@ -111,7 +111,7 @@ def test_a_member_shallower_than_the_configured_model_is_loaded_and_its_frozen_b
     """Every published CAFF number at l < 12 starts from member l, not from the deepest member's first l blocks."""
     members = tiny_family(tmp_path / "cache", monkeypatch)
     probe = ClientEnvironment.from_config(caff_config(tmp_path, memory=["1GB"]))
-    costs = {(r["depth"], r["trained"]): r["peak_bytes"] for r in probe.method.budget_table(_ctx(probe))[1]}
+    costs = {(r["depth"], r["trained"]): r["peak_bytes"] for r in probe.method.ladder.rows(_ctx(probe))}
     # Room for F_2^1 but not F_3^1: l = 3 is infeasible, l = 2 and l = 1 tie at t = 1 and go to l = 2.
     assert costs[(2, 1)] < costs[(3, 1)]
     config = caff_config(tmp_path, memory=[str(costs[(2, 1)])])
@@ -137,7 +137,7 @@ def _ctx(env):
 def test_every_constraint_kind_broken_by_fedavg_is_kept_by_caff(tmp_path, monkeypatch):
     tiny_family(tmp_path / "cache", monkeypatch)
     probe = ClientEnvironment.from_config(caff_config(tmp_path, memory=["1GB"]))
-    rows = {(r["depth"], r["trained"]): r for r in probe.method.budget_table(_ctx(probe))[1]}
+    rows = {(r["depth"], r["trained"]): r for r in probe.method.ladder.rows(_ctx(probe))}
     samples = max(len(p) for p in probe.partitions)
     middle = rows[(3, 2)]
     budgets = {"memory": [str(middle["peak_bytes"])], "upload": [str(middle["upload_bytes"])],
@@ -146,3 +146,20 @@ def test_every_constraint_kind_broken_by_fedavg_is_kept_by_caff(tmp_path, monkey
     fedavg = run_experiment(caff_config(tmp_path, method="fedavg", **budgets), tmp_path / "fedavg")
     for kind in ("budget_violations", "upload_violations", "flops_violations"):
         assert fedavg[kind] > 0 and caff[kind] == 0, kind
+
+
+def test_hfl_budget_shows_every_member_and_trained_count_with_the_chosen_depth(tmp_path, monkeypatch):
+    """`hfl budget` prints CAFF's Eq. 1-3 table as its sub-model table: every F_l^t of every configured
+    depth, each costed at a full batch, the chosen l marked and named in the title."""
+    from hfl.budget import budget_report
+
+    tiny_family(tmp_path / "cache", monkeypatch)
+    config = caff_config(tmp_path, memory=["1GB"])
+    env = ClientEnvironment.from_config(config)
+    report = budget_report(config, env)
+    rows = report["levels"]
+    assert sorted((r["depth"], r["trained"]) for r in rows) == [(d, t) for d in (1, 2, 3) for t in range(1, d + 1)]
+    assert {r["depth"] for r in rows if r["chosen"]} == {env.method.depth} == {3}
+    assert report["levels_title"].endswith("chosen l = 3")
+    deepest = [r for r in rows if r["depth"] == 3]
+    assert all(a["upload_bytes"] < b["upload_bytes"] and a["peak_bytes"] < b["peak_bytes"] for a, b in zip(deepest, deepest[1:]))

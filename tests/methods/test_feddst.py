@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hfl.client import ClientBatches, train_client
-from hfl.methods.feddst import FedDSTState, Readjustment
+from hfl.methods.base import MethodState
+from hfl.methods.feddst import Readjustment
 from hfl.pruning.schedules import feddst_adjustment_rate
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientUpdate, RoundContext, TrainSettings
@@ -87,7 +88,7 @@ def test_the_client_mask_changes_only_in_readjustment_rounds_and_keeps_each_laye
 
 def test_the_server_averages_each_entry_over_the_clients_holding_it():
     method = feddst()
-    state = FedDSTState(masks={"w": torch.tensor([True, True, False, False])})
+    state = MethodState(masks={"w": torch.tensor([True, True, False, False])})
     global_state = {"w": torch.tensor([9.0, 9.0, 0.0, 0.0]), "b": torch.tensor([0.0])}
 
     def update(weight, mask, values, bias):
@@ -115,7 +116,7 @@ def test_the_union_is_re_pruned_to_each_layers_count_by_magnitude():
         kept[torch.randperm(kept.numel(), generator=generator)[:count]] = True
         return kept.view(shape)
 
-    state = FedDSTState(masks={k: mask_of(s, counts[k]) for k, s in shapes.items()})
+    state = MethodState(masks={k: mask_of(s, counts[k]) for k, s in shapes.items()})
     global_state = {k: torch.randn(s, generator=generator) * state.masks[k] for k, s in shapes.items()}
     updates = []
     for weight in (1.0, 2.0, 5.0):

@@ -13,12 +13,12 @@ from hfl.methods.base import Method
 from hfl.registry import METHODS
 from tests.conftest import ROOT
 
-MAX_OVERRIDDEN = 13
-"""Members of `Method` that registered methods override. Issue 34 aims at 10: lower this as a
-one-method hook moves into a shared component (the ladder, the cost layer, the model)."""
+MAX_OVERRIDDEN = 9
+"""Members of `Method` that registered methods override (issue 34 asked for at most 10). Lower it when
+a one-method hook moves into a shared component (the ladder, the cost layer, the model, the state)."""
 MAX_METHOD_LINES = 250
 """STYLE.md's "aim under ~250 lines" per method file."""
-OVER_LONG = {"base.py": 270, "fedepth.py": 266, "nefl.py": 261}
+OVER_LONG = {"base.py": 257, "fedepth.py": 266, "nefl.py": 261}
 """Files still above MAX_METHOD_LINES, with their lines today: none may grow, none may join them."""
 
 
