@@ -26,7 +26,7 @@ NATURAL_CLIENTS = frozenset({"shakespeare"})
 
 _LAZY = {
     "ImageDataset": "hfl.data.datasets",
-    "SyntheticSpec": "hfl.data.datasets",
+    "SyntheticSpec": "hfl.data.synthetic",
     "load_dataset": "hfl.data.datasets",
     "select_classes": "hfl.data.datasets",
     "default_cache_dir": "hfl.data.cache",

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from hfl.data.cache import cached_blob, decoded_path
+from hfl.data.synthetic import SyntheticSpec, make_synthetic
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
 from hfl.storage import atomic_write
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 # The experiment seed must not move the digits test set: results across seeds would then be
 # measured on different test samples.
 _DIGITS_SPLIT_SEED = 0
-_SYNTHETIC_CHUNK = 2048
 _CROP_FLIP = ("cifar10", "cifar100", "cifar10_jpeg", "svhn")
 # What a decoder returns: train_x, train_y, test_x, test_y, num_classes.
 Decoded = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
@@ -94,29 +94,6 @@ class ImageDataset:
     @property
     def image_size(self) -> int:
         return int(self.train_x.shape[-1])
-
-
-@dataclass(frozen=True)
-class SyntheticSpec:
-    """Shape of the seeded synthetic dataset used by benchmarks and smoke runs."""
-
-    num_samples: int = 2000
-    """Train plus test samples."""
-    image_size: int = 32
-    channels: int = 3
-    num_classes: int = 10
-    seed: int = 0
-    """Seed of the data itself, independent of the experiment seed."""
-
-    def __post_init__(self) -> None:
-        if self.num_classes < 2:
-            raise ValueError(f"synthetic num_classes={self.num_classes}: need at least 2")
-        if self.num_samples < 2 * self.num_classes:
-            raise ValueError(f"synthetic num_samples={self.num_samples}: need at least 2 per class ({2 * self.num_classes})")
-        if self.image_size < 4 or self.channels < 1:
-            raise ValueError(
-                f"synthetic image_size={self.image_size}, channels={self.channels}: need image_size >= 4, channels >= 1"
-            )
 
 
 class DatasetLoader(Protocol):
@@ -279,45 +256,6 @@ def _load_synthetic(
     x, y = make_synthetic(spec)
     train_idx, test_idx = _stratified_split(y.numpy(), test_fraction, spec.seed)
     return _make("synthetic", x[train_idx], y[train_idx], x[test_idx], y[test_idx], spec.num_classes)
-
-
-def make_synthetic(spec: SyntheticSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images whose class shows as a texture and a faint colour cast, under strong pixel noise.
-
-    Each class has a random 5x5 convolution kernel (mixing channels) and a random colour offset.
-    A sample is Gaussian noise filtered by its class kernel (a stationary texture, circular at
-    the borders, scaled to unit variance per sample), plus the class colour, plus independent
-    pixel noise, quantised to uint8. The texture is translation invariant, so CNNs with global
-    pooling can learn it; the colour cast alone is weak. On the default spec a nearest-class-mean
-    rule gets about 50% on held-out samples and a two-layer CNN about 75% after six epochs:
-    learnable, but not trivially.
-    """
-    rng = np.random.default_rng(spec.seed)
-    n, s, ch, k = spec.num_samples, spec.image_size, spec.channels, spec.num_classes
-    ks = min(5, s)
-    kernels = np.zeros((k, ch, ch, s, s))
-    kernels[..., :ks, :ks] = rng.standard_normal((k, ch, ch, ks, ks))
-    colours = rng.standard_normal((k, ch, 1, 1))
-    labels = rng.permutation(np.arange(n) % k)
-    responses = np.fft.rfft2(kernels)
-    x = np.empty((n, ch, s, s), dtype=np.uint8)
-    # Fixed-size chunks bound memory for large specs; the size is a constant so that the random
-    # stream, and hence the data, does not depend on the machine.
-    for lo in range(0, n, _SYNTHETIC_CHUNK):
-        y = labels[lo : lo + _SYNTHETIC_CHUNK]
-        # Circular convolution by FFT in float64: float32 arithmetic would flip the odd
-        # quantised pixel between machines.
-        spectrum = np.fft.rfft2(rng.standard_normal((y.size, ch, s, s), dtype=np.float32).astype(np.float64))
-        filtered = np.empty_like(spectrum)
-        for c in np.unique(y):
-            members = y == c
-            filtered[members] = np.einsum("oiuv,niuv->nouv", responses[c], spectrum[members])
-        texture = np.fft.irfft2(filtered, s=(s, s))
-        texture /= texture.std(axis=(1, 2, 3), keepdims=True)
-        noise = rng.standard_normal((y.size, ch, s, s), dtype=np.float32)
-        images = 0.5 + 0.02 * colours[y] + 0.08 * texture + 0.25 * noise.astype(np.float64)
-        x[lo : lo + y.size] = np.clip(np.rint(images * 255.0), 0, 255)
-    return torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
 
 
 # --------------------------------------------------------------------------------------------

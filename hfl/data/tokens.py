@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from hfl.data.cache import cached_blob, decoded_path
-from hfl.data.datasets import SyntheticSpec
+from hfl.data.synthetic import SyntheticSpec
 from hfl.data.shakespeare import TEXTS_FOLDER, load_shakespeare_clients
 from hfl.data.text import CharTokenizer
 from hfl.registry import DATASETS
