@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from hfl.config import ExperimentConfig, config_from_dict, experiment_values, flatten, read_yaml_mapping
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
+from hfl.yaml_loader import set_dotted
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,21 +48,8 @@ def make_config(source: ConfigSource = None, overrides: Mapping[str, Any] | None
         values = experiment_values(source)
     dotted = {**(overrides or {}), **{key.replace("__", "."): value for key, value in fields.items()}}
     for key, value in dotted.items():
-        values = with_value(values, key, value)
+        values = set_dotted(values, key, value)
     return config_from_dict(values)
-
-
-def with_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """`values` with the dotted `key` set to `value` (sections created where missing)."""
-    *parents, leaf = key.split(".")
-    node = values
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(key, value, f"a path into a section, but {part} is a value")
-        node = child
-    node[leaf] = value
-    return values
 
 
 def run(

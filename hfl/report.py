@@ -40,15 +40,16 @@ class RunRecord:
         swept values (a trial id alone says nothing)."""
         name, method = self.path.name, self.config["method"]["name"]
         if self.swept:
-            return f"{name} " + " ".join(f"{path.rsplit('.', 1)[-1]}={_short(v)}" for path, v in self.swept.items())
+            return f"{name} " + " ".join(f"{path.rsplit('.', 1)[-1]}={short_value(v)}" for path, v in self.swept.items())
         return name if method in name else f"{name} ({method})"
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any, digits: int = 3) -> str:
+    """A config or metric value in a label: floats to `digits` significant digits, lists without spaces."""
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return f"{value:.{digits}g}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_short(v) for v in value) + "]"
+        return "[" + ",".join(short_value(v, digits) for v in value) + "]"
     return str(value)
 
 
@@ -115,7 +116,7 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         data = c["data"]
         partition = data["partition"] + (f" α={data['alpha']:g}" if data["partition"].startswith("dirichlet") else "")
         partition += f" Λ={data['labels_per_client']}" if data["partition"] == "pathological" else ""
-        row = [run.path.name, *(_short(run.swept[p]) if p in run.swept else "-" for p in swept),
+        row = [run.path.name, *(short_value(run.swept[p]) if p in run.swept else "-" for p in swept),
                c["method"]["name"], data["name"], partition, c.get("budgets", {}).get("scenario", "none"),
                _fmt(s.get("final_accuracy")), _fmt(s.get("best_accuracy"))]
         if has_submodels:

@@ -92,14 +92,20 @@ def apply_overrides(values: dict[str, Any], overrides: typing.Sequence[str]) -> 
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError("override", item, "key=value, e.g. fl.rounds=3")
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(key, text, f"a path into a section, but {part} is a value")
-            node = child
-        node[leaf] = parse_value(text)
+        set_dotted(values, key, parse_value(text))
+    return values
+
+
+def set_dotted(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """`values` with the dotted `key` set to `value` (sections created where missing)."""
+    *parents, leaf = key.split(".")
+    node = values
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(key, value, f"a path into a section, but {part} is a value")
+        node = child
+    node[leaf] = value
     return values
 
 

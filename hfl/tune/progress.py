@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from ray import tune
 
+from hfl.report import short_value
 from hfl.tune.space import Sweep
 
 PROGRESS = logging.getLogger("hfl.tune.progress")
@@ -42,25 +43,17 @@ def show_progress() -> None:
     PROGRESS.propagate = False
 
 
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    return str(value)
-
-
 def trial_label(sweep: Sweep, trial_id: str, params: Mapping[str, Any]) -> str:
     """`<trial id> path=value ...`: the trial's swept values, a dirichlet's shares resolved."""
     swept = sweep.swept(params)
-    return " ".join([trial_id, *(f"{path}={_value(value)}" for path, value in swept.items())])
+    return " ".join([trial_id, *(f"{path}={short_value(value, 4)}" for path, value in swept.items())])
 
 
 def round_line(sweep: Sweep, trial_id: str, params: Mapping[str, Any], result: Mapping[str, Any], rounds: int) -> str:
     """One reported round: the sweep's metric, the global model's accuracy and the budget violations so far."""
-    parts = [f"round {result['round']}/{rounds}", f"{sweep.metric} {_value(result.get(sweep.metric))}"]
+    parts = [f"round {result['round']}/{rounds}", f"{sweep.metric} {short_value(result.get(sweep.metric), 4)}"]
     if sweep.metric != "accuracy" and result.get("accuracy") is not None:
-        parts.append(f"accuracy {_value(result['accuracy'])}")
+        parts.append(f"accuracy {short_value(result['accuracy'], 4)}")
     parts.append(f"violations {result.get('violations', 0)}")
     return f"{trial_label(sweep, trial_id, params)}: " + "  ".join(parts)
 
