@@ -8,12 +8,21 @@ QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's `--dist loadgroup` (.ci/run) a module's tests share a worker, so that its
-    module-scoped fixtures (a Ray cluster, a finished sweep) are built once; a test that names its
-    own `xdist_group` (the golden shards) keeps it."""
+    """Under pytest-xdist's `--dist loadgroup` (.ci/run) the tests of a module that share a
+    module-scoped fixture (a Ray cluster, a finished sweep) run on one worker, so that it is built
+    once; every other test goes to whichever worker is free (grouping whole modules left one of two
+    workers idle behind the longest module). A test that names its own `xdist_group` (the golden
+    shards) keeps it."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        if item.get_closest_marker("xdist_group") is None and shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def shares_a_module_fixture(item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    return any(d.scope in ("module", "package") for defs in fixtures.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(autouse=True)

@@ -99,6 +99,7 @@ def test_scalefl_resnet110_levels_match_table_1():
     assert [round(r["params"] / 1e6, 2) for r in rows] == [0.22, 0.43, 0.85, 1.73]
 
 
+@pytest.mark.slow
 def test_sparse_table_in_fedmef_table_1_form():
     """`hfl budget` on FedMef's Table 1 setting (ResNet-18, batch 64, 32x32) at s = 0.8: the numbers
     benchmarks/RESULTS.md quotes, and the relations the appendix's formulas imply."""

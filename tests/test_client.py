@@ -32,6 +32,7 @@ def float64():
     torch.set_default_dtype(previous)
 
 
+@pytest.mark.slow
 def test_training_together_is_training_one_by_one(float64):
     # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
     # the same batches, the same steps, the same optimiser arithmetic for every client.

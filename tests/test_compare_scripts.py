@@ -92,6 +92,7 @@ def member_costs(out, methods, family=("lm_cpu", "gpt_l3", "gpt")):
                                                            "max_samples": 10, "local_epochs": 1, "members": members}))
 
 
+@pytest.mark.slow
 def test_caff_table1_gives_each_baseline_the_deepest_member_its_smallest_level_fits(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
     calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "--seeds", "0,2", "kinds=memory", "levels=1", "fl.rounds=1")
@@ -105,6 +106,7 @@ def test_caff_table1_gives_each_baseline_the_deepest_member_its_smallest_level_f
     assert report[0] == "report" and len(report[1:-2]) == 8
 
 
+@pytest.mark.slow
 def test_caff_table1_with_members_all_runs_each_baseline_on_every_member_that_fits(tmp_path):
     """The paper's best of four: at 60 MiB FedRolex's smallest level fits l = 12 and l = 3 (20 and 30
     MiB), the others' only l = 3 (50 of 200 MiB); each fitting member is a run of its own."""
@@ -123,6 +125,7 @@ def test_caff_table1_refuses_an_unknown_members_choice(tmp_path):
     assert done.returncode == 2 and "members=best is not one of deepest, all" in done.stderr
 
 
+@pytest.mark.slow
 def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"))
     calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "kinds=memory")
@@ -134,6 +137,7 @@ def test_caff_table2_gives_width_methods_the_member_a_strong_client_trains_whole
     assert "model.name=gpt" in by_out["memory-fedrolex"]
 
 
+@pytest.mark.slow
 def test_caff_table2_gives_fedhm_the_member_a_strong_client_could_train_without_svd(tmp_path):
     """Appendix B: FedHM's member is the deepest whose dense model a high client (110 MiB) trains, here
     l = 12 (105 MiB), although its smallest factors fit the low clients (60 MiB) on l = 3 only."""
@@ -151,6 +155,7 @@ def test_caff_table2_gives_fedhm_the_member_a_strong_client_could_train_without_
     assert not any("train_dense" in a for a in fedhm)  # chosen by the dense model, trained as factors
 
 
+@pytest.mark.slow
 def test_caff_table1_on_cifar10_runs_the_vit_configs_at_the_vit_familys_amounts(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"), ("vit_cpu", "vit_caff_l3", "vit_caff_l12"))
     calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "task=cifar10", "kinds=memory", "levels=3")
@@ -160,6 +165,7 @@ def test_caff_table1_on_cifar10_runs_the_vit_configs_at_the_vit_familys_amounts(
     assert "model.name=vit_caff_l12" in by_out["memory3-hetlora"] and "model.pretrained=vit_cpu:12" in by_out["memory3-fedrolex"]
 
 
+@pytest.mark.slow
 def test_caff_table2_on_cifar10_runs_the_vit_configs(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex", "heterofl", "fjord", "depthfl"), ("vit_cpu", "vit_caff_l3", "vit_caff_l12"))
     calls = calls_of(ROOT / "experiments" / "caff_table2" / "compare.sh", tmp_path, "task=cifar10", "kinds=memory")
@@ -208,6 +214,7 @@ def test_a_per_batch_flops_budget_bounds_one_full_batch_not_the_largest_clients_
     assert module.fitting_members({**costs, "flops_per": "batch"}, 10, 10, 40 * 32 - 1) == [3]
 
 
+@pytest.mark.slow
 def test_caff_table1_with_random_init_adds_caff_on_fresh_blocks_beside_each_column(tmp_path):
     member_costs(tmp_path / "out", ("hetlora", "fedhm", "fedrolex"))
     calls = calls_of(ROOT / "experiments" / "caff_table1" / "compare.sh", tmp_path, "kinds=memory", "levels=1,3", "random_init=yes")
@@ -221,6 +228,7 @@ def test_caff_table1_with_random_init_adds_caff_on_fresh_blocks_beside_each_colu
     assert not any("caff_random" in c[-1] for c in plain[:-1])
 
 
+@pytest.mark.slow
 def test_caff_grids_bound_flops_per_mini_batch_as_the_paper_counts_them(tmp_path):
     """Appendix A: "GFLOPs required for a single mini-batch"; every config of the grids says so, and
     the Shakespeare amounts are per batch of 32 (5 GFLOPs: F_3^2 fits, F_6^1 does not)."""

@@ -36,6 +36,7 @@ def test_blocks_too_large_alone_are_skipped():
     assert decompose(6, additive(GB // 4)) == ([], [0, 1, 2, 3, 4, 5])
 
 
+@pytest.mark.slow
 def test_groups_are_costed_whole_not_as_sums_of_blocks():
     """A group's measured memory counts what its blocks share once: packing by it gives fewer,
     larger groups than summing single-block costs (the top tier trains the whole model in one
@@ -131,6 +132,7 @@ def test_estimated_peak_fits_every_budget_where_the_full_model_does_not(method, 
     assert full_model_too_big >= 2 - sitting_out and sitting_out <= 1  # the narrow tiers could not train the whole model at once
 
 
+@pytest.mark.slow
 def test_lack_tier_skips_the_input_blocks_and_leaves_them_untouched():
     config, env, tasks = env_and_tasks("fedepth", "lack")
     _ctx, task = tasks["w1_6"]
@@ -147,6 +149,7 @@ def test_lack_tier_skips_the_input_blocks_and_leaves_them_untouched():
     assert not torch.equal(new[trained], start[trained])
 
 
+@pytest.mark.slow
 def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch):
     config, env, tasks = env_and_tasks("fedepth", "fair")
     _ctx, task = tasks["w1_3"]
@@ -171,6 +174,7 @@ def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch)
     assert not torch.equal(seen[first_of_stage_1][1], start["head.fc.weight"])  # carried over, not reset
 
 
+@pytest.mark.slow
 def test_surplus_clients_train_peers_and_upload_one_model(monkeypatch):
     """The w2 tier trains a peer beside its model: the peer exists, its weights move, its logits
     enter the loss (the distillation term), and only the model that started from the global
@@ -208,6 +212,7 @@ def test_surplus_clients_train_peers_and_upload_one_model(monkeypatch):
     assert not torch.equal(update.state["head.fc.weight"], client.peers[0].state_dict()["head.fc.weight"])
 
 
+@pytest.mark.slow
 def test_auxiliary_classifiers_variant_trains_the_exit_after_each_group(tmp_path):
     config = small_config(method={"name": "fedepth", "connector": "auxiliary"}, model={"name": "preresnet20"},
                           budgets={"scenario": "fair"}, data={"name": "synthetic"}, fl={"rounds": 1, "clients": 4, "fraction": 1.0, "batch_size": 128})
@@ -251,6 +256,7 @@ def test_measured_cuda_peak_stays_within_the_budget(scenario):
     assert trained >= 2
 
 
+@pytest.mark.slow
 def test_budget_command_shows_each_tiers_decomposition(tmp_path, capsys):
     import json
 

@@ -106,6 +106,7 @@ def estimated_peak(method):
     return env.method.training_cost(task, min(config.fl.batch_size, ctx.num_samples)).peak_bytes
 
 
+@pytest.mark.slow
 def test_activation_pruning_keeps_a_budget_that_fedtiny_breaks(tmp_path):
     from hfl.server import run_experiment
 
@@ -204,6 +205,7 @@ def branch_to_stream_variance(method, x):
 
 
 @pytest.mark.parametrize(("residual_scale", "low", "high"), [(0.2, 0.03, 0.3), (0.0, 0.5, 5.0)])
+@pytest.mark.slow
 def test_every_residual_branch_of_the_sparse_norm_free_model_carries_signal(residual_scale, low, high):
     """At s = 0.9 on a ResNet-18 without norms, each branch's variance over its block input's: with
     NSConv scaled by each filter's kept entries, 1.6-2.8 (0.06-0.11 with NF-ResNets' α = 0.2); scaled

@@ -165,6 +165,7 @@ def test_client_spec_marks_wider_batch_norms_absent():
     client_model(method, state, 0.5)  # loads strictly: the client holds exactly the copies 1/6..1/2
 
 
+@pytest.mark.slow
 def test_budgets_are_respected_and_every_width_evaluated(tmp_path):
     config = small_config(method={"name": "fjord"}, model={"name": "preresnet20"}, budgets={"scenario": "fair"},
                           fl={"rounds": 2, "clients": 8, "fraction": 1.0})

@@ -47,6 +47,7 @@ def test_heterofl_at_width_one_is_fedavg_bit_for_bit(tmp_path, norm, weighting):
 
 
 @pytest.mark.parametrize("method", ["heterofl", "fedrolex"])
+@pytest.mark.slow
 def test_budgets_are_respected_and_submodels_evaluated(tmp_path, monkeypatch, method):
     config = small_config(method={"name": method}, model={"name": "preresnet20"}, budgets={"scenario": "fair"},
                           fl={"rounds": 2, "clients": 8, "fraction": 1.0})

@@ -215,6 +215,7 @@ def test_bad_gammas_name_the_field():
         small_config(method={"name": "nefl", "gammas": [0.5, 0.2, 1.0]})
 
 
+@pytest.mark.slow
 def test_budget_prints_each_submodels_parameters_and_flops(tmp_path, capsys):
     out_json = tmp_path / "budget.json"
     assert main(["budget", str(QUICKSTART), "method.name=nefl", "model.name=preresnet20", "method.scaling=w", "--json", str(out_json)]) == 0
@@ -227,6 +228,7 @@ def test_budget_prints_each_submodels_parameters_and_flops(tmp_path, capsys):
     assert levels[0]["flops"] < levels[-2]["flops"]
 
 
+@pytest.mark.slow
 def test_a_run_reports_worst_and_mean_submodel_accuracy(tmp_path, monkeypatch):
     """Every sub-model a client trained is scored with its own norms and step sizes on the final
     weights; worst and mean are those scores' min and mean (NeFL's Worst/Avg)."""

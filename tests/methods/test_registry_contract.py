@@ -21,7 +21,10 @@ BUDGETS = {"caff": {"scenario": "tiers", "memory": ["width:1/2"]},
            "fedhm": {"scenario": "tiers", "memory": ["width:1/2", "width:1"], "upload": ["width:1/4", "width:1"]}}
 """Budgets other than `fair`: CAFF refuses budgets in which some client fits no block (Eq. 1);
 FedHM's factors save upload and FLOPs, hardly memory, so under `fair` no client would train factors."""
-CONTRACT_RUNS = [(m, model) for m in METHODS.names() for model in (("gpt",) if m in TRANSFORMER_ONLY else ("cnn", "preresnet20"))]
+CONTRACT_RUNS = [pytest.param(m, model, marks=[pytest.mark.slow] if model == "preresnet20" else [])
+                 for m in METHODS.names() for model in (("gpt",) if m in TRANSFORMER_ONLY else ("cnn", "preresnet20"))]
+"""The fast lane (`-m "not slow"`) runs every method on the CNN; the whole suite on PreResNet-20 too,
+as the golden runs do."""
 
 
 @pytest.mark.parametrize(("method", "model"), CONTRACT_RUNS)

@@ -242,6 +242,7 @@ def run_fair(tmp_path, **method):
     return run_experiment(config, tmp_path)
 
 
+@pytest.mark.slow
 def test_fair_budgets_are_respected_and_every_level_scored(tmp_path):
     summary = run_fair(tmp_path)
     assert summary["budget_violations"] == 0
@@ -257,6 +258,7 @@ def test_fair_budgets_are_respected_and_every_level_scored(tmp_path):
 
 
 @pytest.mark.parametrize("scenario", ["fair", "lack"])
+@pytest.mark.slow
 def test_levels_from_budgets_fit_the_budget_clusters(scenario):
     config = small_config(method={"name": "scalefl", "levels_from": "budgets"}, model={"name": "preresnet20"},
                           budgets={"scenario": scenario}, fl={"clients": 8})
@@ -278,6 +280,7 @@ def test_kmeans_1d_by_hand():
     assert np.allclose(kmeans_1d([1, 2, 3, 10, 11, 12], 2), [2.0, 11.0])
 
 
+@pytest.mark.slow
 def test_budget_prints_the_level_table(tmp_path, capsys):
     out_json = tmp_path / "budget.json"
     assert main(["budget", str(QUICKSTART), "method.name=scalefl", "model.name=preresnet20", "--json", str(out_json)]) == 0
