@@ -1,25 +1,13 @@
 """The method plug-in API: plan (which sub-model a client trains), objective (its loss) and
 aggregate (global state + updates -> new global state), over a `Resources` object given once.
 
-A method is a subclass of `Method` with a `Config` dataclass, built in one step from `resources`.
-Beside the three roles it may override:
-
-- `adapt_model` (exits, a norm per width, applied to every model built), `client_model` (when a
-  client's model is more than the adapted model shaped by its spec), `initial_global_state` (when the
-  global state holds more than one model);
-- `client_state`, when a client receives something other than its slice of the global state (FedHM's
-  low-rank factors; its upload is then what it received, `upload_bytes`);
-- `training_cost`, when a task costs more than one cross-entropy step of its spec's model;
-- `client_uploads`, when a client sends more than its trained weights (FedTiny's and FedMef's top-k
-  gradients of pruned entries, in `ClientUpdate.extras`, counted in its bytes_up).
-
-An objective may set the learning rate of its step through `client.optimizer` (FedMef's budgeted rate).
-Methods whose clients train one of several sub-models set `self.ladder` (`hfl.submodel.ladder`),
-which plans, fits budgets, records trained levels, names what is evaluated and gives `hfl budget`
-its table; they need no `plan` of their own. Sparse methods set `self.initial_masks`, which the
-method state carries (`MethodState.masks`) and the global model is scored with. Class attributes
-declare the rest: `State` (checkpointed with the model) and `preferred_norm`.
+A method is a subclass of `Method` with a `Config` dataclass; each member's docstring says when a
+method overrides it, and docs/extending.md walks through writing one. Methods over several sub-models
+set `self.ladder` (`hfl.submodel.ladder`): it plans, fits budgets, records trained levels, names what
+is evaluated and gives `hfl budget` its table. Sparse methods set `self.initial_masks`: the method
+state carries the masks (`MethodState.masks`) and the global model is scored with them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -188,7 +176,8 @@ class Method:
         return self.ladder.task(ctx) if self.ladder else ClientTask(ctx, full_spec())
 
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        """The client loss for one batch: a dict with `loss` plus any terms worth logging."""
+        """The client loss for one batch: a dict with `loss` plus any terms worth logging. It may set
+        the learning rate of this step through `client.optimizer` (FedMef's budgeted rate)."""
         return {"loss": F.cross_entropy(client.model(x), y)}
 
     def client_uploads(self, client: Client, batches: Iterable[tuple[Tensor, Tensor]]) -> StateDict:

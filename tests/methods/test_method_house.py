@@ -18,7 +18,7 @@ MAX_OVERRIDDEN = 9
 a one-method hook moves into a shared component (the ladder, the cost layer, the model, the state)."""
 MAX_METHOD_LINES = 250
 """STYLE.md's "aim under ~250 lines" per method file."""
-OVER_LONG = {"base.py": 257, "fedepth.py": 266, "nefl.py": 261}
+OVER_LONG = {"fedepth.py": 266, "nefl.py": 261}
 """Files still above MAX_METHOD_LINES, with their lines today: none may grow, none may join them."""
 
 
