@@ -117,7 +117,8 @@ class CAFF(Method):
         self.selection = select_depth(config.depths, len(contexts), lambda depth, c: self._largest_fitting(depth, contexts[c]))
         self.depth = self.selection.depth
         title = f"CAFF's selection (Eq. 1-3): F_l^t per depth l and t blocks trained, at a full batch; chosen l = {self.depth}"
-        self.ladder = self._depth_ladder(self.depth, table=self.selection_rows, title=title)
+        # The chosen depth's ladder again, now with the selection's table for `hfl budget`: one ladder per depth.
+        self.ladder = self.ladders[self.depth] = self._depth_ladder(self.depth, table=self.selection_rows, title=title)
 
     # -- the family's configurations F_l^t -----------------------------------------------------------
     def finetune_spec(self, depth: int, trained: int) -> SubmodelSpec:
