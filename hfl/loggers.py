@@ -22,10 +22,13 @@ class RoundCallback(Protocol):
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The rounds written so far. A last line without its newline is a round still being written (or
+    cut by a kill mid-write): it is not a round yet, so it is left out rather than failing the read."""
     path = Path(out_dir) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 class MetricsWriter:
@@ -40,9 +43,10 @@ class MetricsWriter:
             self.path.unlink()
 
     def on_round(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+        # One unbuffered write per line: a buffered file splits a long line into several writes,
+        # which a reader polling the file (or a kill) can catch half-way.
+        with open(self.path, "ab", buffering=0) as f:
+            f.write((json.dumps(record) + "\n").encode())
             os.fsync(f.fileno())
 
     def on_end(self, summary: dict[str, Any]) -> None:

@@ -87,6 +87,18 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert json.loads((killed / "summary.json").read_text())["final_accuracy"] == json.loads((full / "summary.json").read_text())["final_accuracy"]
 
 
+def test_a_round_line_cut_mid_write_is_not_a_round_and_resume_rewrites_it(tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run_experiment(small_config(fl={"rounds": 3}), full)
+    run_experiment(small_config(fl={"rounds": 2}), cut)
+    third_line = (full / "metrics.jsonl").read_text().splitlines()[2]
+    with open(cut / "metrics.jsonl", "a") as f:  # what a poller or a SIGKILL sees between two writes
+        f.write(third_line[: len(third_line) // 2])
+    assert [r["round"] for r in read_metrics(cut)] == [1, 2]
+    run_experiment(small_config(fl={"rounds": 3}), cut, resume=True)
+    assert scores(cut) == scores(full)
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     run_experiment(small_config(fl={"rounds": 1}), tmp_path)
     from hfl.cli import main
