@@ -1,4 +1,5 @@
-"""A Ray cluster of three nodes on loopback, driven as a user drives one: `ray job submit`.
+"""A Ray cluster of three nodes on loopback, driven as a user drives one: `ray job submit` (the
+README's single-head form is the same submission to a smaller cluster, so it has no cluster of its own).
 
 The head has 1 CPU and runs the driver; worker `small` has 1 CPU and `hfl_tier_small: 1`; worker
 `large` has 2 CPUs, 2 (declared) GPUs and `hfl_tier_large: 2`. Custom resources and GPUs are only
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,13 +23,18 @@ import pytest
 from hfl.config import load_config
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment
-from tests.backends.test_ray_job import free_port
 from tests.conftest import QUICKSTART, ROOT, cli_env
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
 TIERS = ["budgets.scenario=tiers", "budgets.memory=[width:1,width:1]", "budgets.names=[small,large]"]
 RUN = ["fl.rounds=2", "fl.clients=8", "fl.fraction=1.0", "fl.local_epochs=1", *TIERS]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def node_ports() -> list[str]:
@@ -78,10 +85,15 @@ def cluster(tmp_path_factory):
         tiers = {k[len("hfl_tier_"):]: n.node_id for n in alive for k in n.resources_total if k.startswith("hfl_tier_")}
         yield address, env, tiers, hidden
     finally:
+        # SIGTERM to `ray start --block` alone: it stops its node's processes in ~3 s. Signalling its
+        # whole process group kills them under it, and it then waits ~30 s for them to report.
         for node in reversed(nodes):
-            os.killpg(node.pid, signal.SIGTERM)
-        for node in nodes:
-            node.wait(timeout=60)
+            node.terminate()
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -99,6 +111,7 @@ def test_tiers_run_on_their_nodes_gpu_tiers_get_gpus_and_results_outlive_the_job
                "backend.actor_start_timeout_s=120", *RUN, "--out", f"file://{out}"]
     result = submit(address, env, command, {"env_vars": {"HFL_DATA": str(tmp_path / "data")}})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "succeeded" in result.stdout + result.stderr
 
     records = read_metrics(out)
     clients = [c for r in records for c in r["clients"]]
