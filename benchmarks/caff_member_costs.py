@@ -24,15 +24,17 @@ import json
 import sys
 
 from hfl.accounting.amounts import absolute_amount
-from hfl.backends.base import ClientEnvironment
-from hfl.budget import round_one
 from hfl.config import load_config
-from hfl.models.family import family_members
+
+# `--choose` runs once per cell of a grid, so torch (models, environments) is imported only where costs
+# are measured: a choice takes 0.1 s, not 1.7.
 
 
 def member_overrides(model_name: str, pretrained: str) -> dict[int, list[str]]:
     """The overrides that run each member of the family `model.name=model_name
     model.pretrained=pretrained` belongs to, by depth."""
+    from hfl.models.family import family_members
+
     family = pretrained.rpartition(":")[0]
     members = family_members(model_name)
     if not family or not members:
@@ -42,6 +44,9 @@ def member_overrides(model_name: str, pretrained: str) -> dict[int, list[str]]:
 
 def member_costs(config_path: str, member: list[str], depth: int, overrides: list[str]) -> tuple[list[dict], dict]:
     """Every ladder level's costs for the config run on the family member of depth `depth` (`member`: its overrides)."""
+    from hfl.backends.base import ClientEnvironment
+    from hfl.budget import round_one
+
     extra = [*member, "budgets.scenario=none", "budgets.memory=[]"]
     config = load_config(config_path, [*extra, *overrides])
     env = ClientEnvironment.from_config(config)
