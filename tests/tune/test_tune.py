@@ -342,28 +342,7 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(finished, ray_address, tm
 
 
 @pytest.mark.slow
-def test_sweep_on_a_uri_leaves_every_file_there(finished, ray_address, tmp_path):
-    remote = tmp_path / "bucket" / "sweep"
-    uri = f"file://{remote}"
-    outcome = run_tune(str(write_sweep(tmp_path)), out=uri)
-    assert outcome.out == uri and {r["status"] for r in outcome.results} == {"completed"}
-    assert (remote / "sweep.yaml").read_text() == yaml.safe_dump(load_sweep(tmp_path / "sweep.yaml").to_dict(), sort_keys=False)
-    with open(remote / "results.csv") as f:
-        assert [r["trial_id"] for r in csv.DictReader(f)] == [r["trial_id"] for r in outcome.results]
-    assert load_config(remote / "best_config.yaml").to_dict() == outcome.best_config
-    assert list((remote / "tune").glob("experiment_state-*.json"))  # Tune's own state, for --resume
-    for key, row in by_params(outcome).items():
-        run = remote / "trials" / row["trial_id"]
-        assert row["run_dir"] == f"{uri}/trials/{row['trial_id']}"
-        assert scores(str(run)) == scores(by_params(finished)[key]["run_dir"])  # the numbers of a local sweep
-        assert (run / "summary.json").is_file() and (run / "checkpoint.pt").is_file()
-    assert outcome.best_metric == finished.best_metric
-    text = format_results(outcome)
-    assert f"config: {uri}/best_config.yaml" in text and f"results: {uri}/results.csv" in text and "trials/" in text
-
-
-@pytest.mark.slow
-def test_interrupted_sweep_on_a_uri_resumes_from_it(finished, ray_address, tmp_path):
+def test_interrupted_sweep_on_a_uri_resumes_from_it_and_leaves_every_file_there(finished, ray_address, tmp_path):
     sweep, remote = write_sweep(tmp_path), tmp_path / "bucket" / "sweep"
     uri = f"file://{remote}"
 
@@ -388,8 +367,21 @@ def test_interrupted_sweep_on_a_uri_resumes_from_it(finished, ray_address, tmp_p
         rounds = reported_rounds(remote / "tune" / row["trial_id"] / "result.json")
         assert rounds == [1, 2, 3, 4], rounds
     assert resumed.best_metric == finished.best_metric
+    # Every file of the sweep is on the URI, as a local sweep leaves them in its folder.
+    assert resumed.out == uri
+    assert (remote / "sweep.yaml").read_text() == yaml.safe_dump(load_sweep(sweep).to_dict(), sort_keys=False)
     with open(remote / "results.csv") as f:
-        assert [r["status"] for r in csv.DictReader(f)] == ["completed"] * 4
+        rows = list(csv.DictReader(f))
+    assert [r["trial_id"] for r in rows] == [r["trial_id"] for r in resumed.results]
+    assert [r["status"] for r in rows] == ["completed"] * 4
+    assert load_config(remote / "best_config.yaml").to_dict() == resumed.best_config
+    assert list((remote / "tune").glob("experiment_state-*.json"))  # Tune's own state, for --resume
+    for row in resumed.results:
+        run = remote / "trials" / row["trial_id"]
+        assert row["run_dir"] == f"{uri}/trials/{row['trial_id']}"
+        assert (run / "summary.json").is_file() and (run / "checkpoint.pt").is_file()
+    text = format_results(resumed)
+    assert f"config: {uri}/best_config.yaml" in text and f"results: {uri}/results.csv" in text and "trials/" in text
 
 
 # -- objectives, constraints, searchers, schedulers, distributions: no Ray ------------------------------
