@@ -46,7 +46,7 @@ from hfl.models.base import ScalableModel
 from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.models.shortcut import block_output_shapes, skip_to_head
 from hfl.registry import METHODS
-from hfl.submodel.scaling import Group, decompose
+from hfl.submodel.scaling import Group, Layout, decompose
 from hfl.submodel.spec import freeze, full_spec
 from hfl.types import ClientTask, RoundContext
 
@@ -67,26 +67,6 @@ PAPER_LAYOUTS: dict[str, tuple[tuple[Group, ...], tuple[int, ...]]] = {
 scenario tier (`budgets.scenario` fair, lack, surplus): 6 / 3 / 2 / 1 groups for the 1/6, 1/3, 1/2
 and 1 tiers, and under `lack` the 1/8 tier skips blocks 1-3. `method.grouping=paper` uses them."""
 PAPER_BLOCKS = 9
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How one budget trains the model (a client's task options): models trained together, block
-    groups in order, skipped blocks."""
-
-    models: int
-    groups: tuple[Group, ...]
-    skipped: tuple[int, ...]
-
-    def __str__(self) -> str:
-        """E.g. "blocks 4 | 5 | 6-9, skips 1-3; 2 models" (blocks counted from 1, as `hfl budget`)."""
-        def span(first: int, last: int) -> str:
-            return f"{first + 1}" if first == last else f"{first + 1}-{last + 1}"
-
-        text = "blocks " + " | ".join(span(*g) for g in self.groups)
-        if self.skipped:
-            text += ", skips " + ", ".join(str(b + 1) for b in self.skipped)
-        return text + (f"; {self.models} models" if self.models > 1 else "")
 
 
 @dataclass(frozen=True)

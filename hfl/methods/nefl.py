@@ -40,7 +40,6 @@ scales width alone, and NeFL-D is refused.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,7 +50,7 @@ from hfl.errors import ConfigError, check, check_choice
 from hfl.methods.base import LadderConfig, Method, Resources
 from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import METHODS
-from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy
+from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy, nefl_do_step_sizes
 from hfl.submodel.ladder import Level
 from hfl.submodel.scaling import (
     blocks_to_omit,
@@ -108,32 +107,6 @@ class NeFLConfig(LadderConfig):
         check(0 <= self.depth_exponent <= 1, "depth_exponent", self.depth_exponent, "a number in [0, 1]")
         check(self.inconsistent or self.initial_steps == "ones", "initial_steps", self.initial_steps,
               "'ones' when inconsistent=false (NeFL-DO's values differ per sub-model)")
-
-
-def nefl_do_step_sizes(num_blocks: int, omitted: Iterable[int]) -> list[float]:
-    """NeFL-DO's initial step sizes for a body of `num_blocks` blocks of which `omitted` are skipped.
-
-    Kang et al. (NeFL, appendix A.3): NeFL-DO "gives larger initial step sizes to compensate" the
-    skipped blocks, "determined based on the number of blocks that are skipped. For a submodel
-    without Block 2, initial output after Block 2 is initially computed as Y3 = Y0 + F0 + 2F1 given
-    s0 = 1, s1 = 2, s2 = 0". Their ResNet-56 table (Table 12, appendix B.2) pins the rule: a kept
-    block followed by k consecutive omitted blocks starts at k + 1 (e.g. `1, 8, 0, 0, 0, 0, 0, 0, 0`
-    for a stage whose last seven blocks are omitted); every other kept block starts at 1 and an
-    omitted block at 0, the tables' mark for a block the sub-model lacks (s = 0 also computes
-    Y + 0 * F(Y) = Y). Omitted blocks at the very start of the body have no kept block before them:
-    the paper never omits one, and here they are left uncompensated. The paper gives NeFL-DO values
-    for ResNets only; `add_step_sizes` gives a ViT block's value to both its attention and MLP steps."""
-    omitted = set(omitted)
-    if not omitted <= set(range(num_blocks)):
-        raise ValueError(f"omitted blocks must lie in 0..{num_blocks - 1}, got {sorted(omitted)}")
-    steps = [0.0 if i in omitted else 1.0 for i in range(num_blocks)]
-    kept = None
-    for i in range(num_blocks):
-        if i not in omitted:
-            kept = i
-        elif kept is not None:
-            steps[kept] += 1.0
-    return steps
 
 
 @dataclass(frozen=True)

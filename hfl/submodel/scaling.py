@@ -229,3 +229,23 @@ def decompose(num_blocks: int, fits: Callable[[Group], bool]) -> tuple[list[Grou
     if first is not None:
         groups.append((first, num_blocks - 1))
     return groups, skipped
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one budget trains the model depth-wise (FeDepth's task options): models trained together,
+    block groups in order (`decompose`), skipped blocks."""
+
+    models: int
+    groups: tuple[Group, ...]
+    skipped: tuple[int, ...]
+
+    def __str__(self) -> str:
+        """E.g. "blocks 4 | 5 | 6-9, skips 1-3; 2 models" (blocks counted from 1, as `hfl budget`)."""
+        def span(first: int, last: int) -> str:
+            return f"{first + 1}" if first == last else f"{first + 1}-{last + 1}"
+
+        text = "blocks " + " | ".join(span(*g) for g in self.groups)
+        if self.skipped:
+            text += ", skips " + ", ".join(str(b + 1) for b in self.skipped)
+        return text + (f"; {self.models} models" if self.models > 1 else "")

@@ -12,7 +12,7 @@ from torch import nn
 from hfl.cli import main
 from hfl.errors import ConfigError
 from hfl.methods.base import MethodState, record_trained
-from hfl.methods.nefl import nefl_do_step_sizes
+from hfl.submodel.copies import nefl_do_step_sizes
 from hfl.models import build_model
 from hfl.server import run_experiment
 from hfl.submodel.copies import NormCopies, StepCopies

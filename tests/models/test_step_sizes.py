@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from hfl.methods.nefl import nefl_do_step_sizes
+from hfl.submodel.copies import nefl_do_step_sizes
 from hfl.models import build_model
 from hfl.models.vit import ViT
 from hfl.registry import MODELS
