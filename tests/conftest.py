@@ -6,16 +6,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `-n auto` starts a worker per core: one thread each (and in the processes they start), or
+    # torch's per-core thread pools oversubscribe the cores. Set before any test module imports torch.
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
 
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's `--dist loadgroup` (.ci/run) the tests of a module that share a
     module-scoped fixture (a Ray cluster, a finished sweep) run on one worker, so that it is built
     once; every other test goes to whichever worker is free (grouping whole modules left one of two
     workers idle behind the longest module). A test that names its own `xdist_group` (the golden
-    shards) keeps it."""
+    shards) keeps it. First among the hooks: xdist's own reads the groups into the test ids, and
+    groups added after it are silently ignored."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None and shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def shares_a_module_fixture(item) -> bool:
