@@ -188,13 +188,22 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
     batch = min(config.fl.batch_size, num_samples)
     adjust_round = config.method.adjust_every if isinstance(config.method, AdjustedSparseConfig) else 10
     rows = []
+    methods: dict[tuple, Method] = {}  # "fedmef, no SAP" is FedMef's row's method, measured without SAP
     for label in SPARSE_TABLE_METHODS:
         name, _, variant = label.partition(", ")
         for sparsity in (sparsities[:1] if name == "fedavg" else sparsities):
-            method = table_method(config, env, name, sparsity, "none" if variant == "no norms" else None)
+            norm = "none" if variant == "no norms" else None
+            if (name, sparsity, norm) not in methods:
+                methods[name, sparsity, norm] = table_method(config, env, name, sparsity, norm)
+            method = methods[name, sparsity, norm]
             ctx = dataclasses.replace(round_one(config, env, 0, adjust_round), num_samples=num_samples)
             task = method.plan(ctx, method.init_state())
-            cost = method.training_cost(task, batch)
+            if name == "fedmef":
+                without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
+                dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
+            # Without SAP FedMef trains the model just measured: its SAP model (and SAP's choice of
+            # ReLU masks, two more measurements of the whole model) is not measured for that row.
+            cost = dense_activations if variant == "no SAP" else method.training_cost(task, batch)
             masks = task.spec.masks
             params = method.upload_bytes(task.spec)
             counts = task.options.counts if isinstance(task.options, Adjustment) else {}
@@ -204,10 +213,7 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
             samples = num_samples * config.fl.local_epochs
             dynamic = name in ("feddst", "fedtiny", "fedmef")
             if name == "fedmef":
-                without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
-                dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
                 if variant == "no SAP":
-                    cost = dense_activations
                     paper_memory = 2 * params + 2 * cost.activation_bytes + gradient_bytes
                 else:
                     n_theta = sum(method.model.state_dict()[k].numel() for k in prunable_keys(method.model))

@@ -33,6 +33,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
+import torch
 from torch import Tensor, nn
 
 from hfl.errors import ConfigError, check
@@ -123,7 +124,9 @@ class FedMef(FedTiny):
             model = prune_activations(super(FedMef, self).client_model(full_spec()), self.config.activation_sparsity, masks)
             return self.resources.accountant.measure(model, self.resources.batch_size, count_flops=False).peak_bytes
 
-        return peak(True) < peak(False)
+        # Measured on the CPU whoever asks first: `upload_bytes` builds client models on the meta device.
+        with torch.device("cpu"):
+            return peak(True) < peak(False)
 
     @cached_property
     def marked(self) -> weakref.WeakKeyDictionary:
