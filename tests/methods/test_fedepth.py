@@ -1,6 +1,8 @@
 """FeDepth and m-FeDepth: the decomposition, depth-wise sequential training, partial training, the
 mutual-distillation loss, and budgets kept in every scenario."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,8 @@ from hfl.submodel.scaling import decompose
 from hfl.submodel.spec import full_spec
 from hfl.types import RoundContext
 from tests.conftest import small_config
+
+pytestmark = pytest.mark.xdist_group("tests/methods/test_fedepth.py")  # one worker builds each measured environment once
 
 GB = 10**9
 
@@ -103,7 +107,14 @@ def test_mutual_learning_loss_of_a_hand_made_pair():
 def env_and_tasks(method, scenario, **options):
     """PreResNet-20 on 32x32 inputs at batch 128 (FeDepth's Table 1), where activations, not weights,
     dominate training memory (on digits' 8x8 the whole model's weights exceed the narrow tiers'
-    budgets: nothing fits them)."""
+    budgets: nothing fits them). Built once per argument list (a few seconds of measuring each): the
+    tests read them, and patch only with monkeypatch."""
+    return _measured_env(method, scenario, tuple(sorted(options.items())))
+
+
+@functools.cache
+def _measured_env(method, scenario, options):
+    options = dict(options)
     config = small_config(method={"name": method, **options}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
                           data={"name": "synthetic"}, fl={"batch_size": 128})
     env = ClientEnvironment.from_config(config)
