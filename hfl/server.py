@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,16 @@ def over_budget(client: dict[str, Any]) -> dict[str, bool]:
     peak = max(client["estimated_peak_bytes"], client.get("measured_peak_bytes") or 0)
     limits = (("memory", peak, "budget_bytes"), ("flops", client["flops"], "budget_flops"), ("upload", client["bytes_up"], "budget_upload_bytes"))
     return {kind: client.get(key) is not None and used > client[key] for kind, used, key in limits}
+
+
+def warn_if_diverged(round_: int, updates: Sequence[Any], lr: float) -> bool:
+    """Warn (once a run: the caller stops asking) when a client's training loss is NaN or infinite, a
+    run that otherwise goes on silently at chance accuracy; whether it warned."""
+    diverged = [u.metrics["id"] for u in updates if not math.isfinite(u.metrics.get("train_loss", 0.0))]
+    if diverged:
+        log.warning("round %d: clients %s ended with a non-finite training loss at lr %g: training diverged "
+                    "(a lower fl.lr may help); the run goes on", round_, diverged, lr)
+    return bool(diverged)
 
 
 def resource_summary(clients: list[dict[str, Any]]) -> dict[str, Any]:
@@ -176,7 +187,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             log.warning("round %d: no sampled client's budget fits any sub-model of %s; the round trains nothing", r, config.method.name)
         return backend.submit(state.global_state, tasks), settings, skipped
 
-    pending = None
+    pending, diverged_before = None, False
     try:
         for r in range(state.round + 1, fl.rounds + 1):
             started = time.perf_counter()
@@ -184,6 +195,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             submitted, settings, skipped = pending or start(r)
             # 3. local training
             updates, failed = backend.collect(submitted)
+            diverged_before = diverged_before or warn_if_diverged(r, updates, settings.lr)
             # 4. aggregation
             state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
             state.method_state = record_trained(state.method_state, updates)

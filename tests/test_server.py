@@ -99,6 +99,16 @@ def test_a_round_line_cut_mid_write_is_not_a_round_and_resume_rewrites_it(tmp_pa
     assert scores(cut) == scores(full)
 
 
+def test_a_diverged_run_is_flagged_once_and_goes_on(tmp_path, caplog):
+    summary = run_experiment(small_config(fl={"lr": 1e6}), tmp_path / "diverged")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "diverged" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("round 1: clients [") and "lr 1e+06" in warnings[0]
+    assert summary["rounds"] == 3  # the run goes on, as a failed client's does
+    caplog.clear()
+    run_experiment(small_config(), tmp_path / "fine")
+    assert not [r for r in caplog.records if "diverged" in r.getMessage()]
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     run_experiment(small_config(fl={"rounds": 1}), tmp_path)
     from hfl.cli import main
