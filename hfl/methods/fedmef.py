@@ -23,7 +23,8 @@ Dynamic Pruning", CVPR 2024 (Algorithm 1): FedTiny's server-side prune/grow plus
   for FedMef, whose residual branches are scaled by α = 0.2 (`residual_scale`, as in norm-free
   ResNets) and each filter has a learnable gain and bias (`ns_affine`, NF-Nets'); `method.nsconv=false` runs SAP on the configured norms (the paper's "w/o NSConv").
   The growth criterion's dense gradient is taken with respect to the effective weights the
-  convolutions apply (the stored weights' gradient is masked by the standardisation).
+  convolutions apply (the stored weights' gradient is masked by the standardisation), and a grown
+  entry starts at 0 in those effective weights (`aggregate`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from torch import Tensor, nn
 
 from hfl.errors import ConfigError, check
 from hfl.methods.base import Client, Resources
-from hfl.methods.fedtiny import Adjustment, FedTiny, FedTinyConfig
+from hfl.methods.fedtiny import Adjustment, FedTiny, FedTinyConfig, SparseTrainingState
 from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.pruning.nsconv import RELU_GAMMA, normalize_convolutions
 from hfl.pruning.sap import prune_activations
@@ -46,7 +47,7 @@ from hfl.pruning.schedules import extrusion_learning_rate
 from hfl.pruning.selection import lowest_magnitude
 from hfl.registry import METHODS
 from hfl.submodel.spec import SubmodelSpec, full_spec
-from hfl.types import RoundContext
+from hfl.types import ClientUpdate, RoundContext, StateDict
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,24 @@ class FedMef(FedTiny):
         if self.config.bae_lambda is not None:
             return self.config.bae_lambda
         return (1 - 10 ** (-1 / steps)) / (2 * rate)
+
+    def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: SparseTrainingState) -> tuple[StateDict, SparseTrainingState]:
+        """FedTiny's, except that under NSConv a grown entry is stored at its filter's mean over the
+        entries kept through the adjustment: the standardised weight the convolution applies then starts
+        at 0, as FedTiny's grown weights do (a stored 0 would apply −μ/σ of its filter)."""
+        weights, adjusted = super().aggregate(global_state, updates, state)
+        if not self.config.nsconv or adjusted.masks is state.masks:
+            return weights, adjusted
+        weights = dict(weights)
+        for key, new in adjusted.masks.items():
+            stored = weights[key]
+            if stored.dim() != 4:  # only convolutions standardise their filters
+                continue
+            old, new = state.masks[key].to(stored.device), new.to(stored.device)
+            flat, kept, grown = stored.reshape(stored.shape[0], -1), (old & new).flatten(1), (new & ~old).flatten(1)
+            mean = (flat * kept).sum(1, keepdim=True) / kept.sum(1, keepdim=True).clamp_min(1)
+            weights[key] = torch.where(grown, mean.expand_as(flat), flat).view_as(stored)
+        return weights, adjusted
 
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         terms = super().objective(client, x, y)

@@ -242,3 +242,28 @@ def test_extrusion_alone_shrinks_the_marked_weights_tenfold_within_the_round(mon
     before = math.sqrt(sum(float(start[k][low[k]].square().sum()) for k in masks))
     after = math.sqrt(sum(float(update.state[k][low[k]].square().sum()) for k in masks))
     assert after == pytest.approx(0.1 * before, rel=1e-4), (before, after)
+
+
+def test_a_grown_entry_starts_at_zero_in_the_weight_each_nsconv_applies(tmp_path, monkeypatch):
+    """FedTiny grows entries at 0. Under NSConv a stored 0 would apply −μ/σ of its filter, so FedMef
+    stores a grown entry at its filter's mean over the entries kept through the adjustment: after a
+    real adjustment round every grown entry's standardised weight is 0, and the survivors keep theirs."""
+    from tests.conftest import run_with_env
+
+    config = small_config(method={"name": "fedmef", "sparsity": 0.8, "adjust_every": 1, "stop_round": 10}, model={"name": "cnn"},
+                          fl={"rounds": 1, "clients": 3, "fraction": 1.0})
+    _, env, final = run_with_env(config, tmp_path, monkeypatch)
+    before, after, weights = env.method.init_state().masks, final["method_state"].masks, final["global_state"]
+    grown_somewhere = False
+    for key, new in after.items():
+        if weights[key].dim() != 4:
+            continue
+        flat, kept = weights[key].flatten(1), new.flatten(1)
+        mean = (flat * kept).sum(1, keepdim=True) / kept.sum(1, keepdim=True)
+        sigma = ((flat - mean) * kept).square().sum(1, keepdim=True).div(kept.sum(1, keepdim=True)).sqrt()
+        standardised = (flat - mean) / sigma
+        grown = (new & ~before[key]).flatten(1)
+        grown_somewhere |= bool(grown.any())
+        assert not grown.any() or standardised[grown].abs().max() < 1e-5, key
+        assert standardised[kept & ~grown].abs().max() > 0.1, key
+    assert grown_somewhere
