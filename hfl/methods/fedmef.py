@@ -41,7 +41,7 @@ from hfl.errors import ConfigError, check
 from hfl.methods.base import Client, Resources
 from hfl.methods.fedtiny import Adjustment, FedTiny, FedTinyConfig, SparseTrainingState
 from hfl.models.base import ResidualBlock, ScalableModel
-from hfl.pruning.nsconv import RELU_GAMMA, normalize_convolutions
+from hfl.pruning.nsconv import RELU_GAMMA, grown_at_zero, normalize_convolutions
 from hfl.pruning.sap import prune_activations
 from hfl.pruning.schedules import extrusion_learning_rate
 from hfl.pruning.selection import lowest_magnitude
@@ -153,10 +153,7 @@ class FedMef(FedTiny):
             stored = weights[key]
             if stored.dim() != 4:  # only convolutions standardise their filters
                 continue
-            old, new = state.masks[key].to(stored.device), new.to(stored.device)
-            flat, kept, grown = stored.reshape(stored.shape[0], -1), (old & new).flatten(1), (new & ~old).flatten(1)
-            mean = (flat * kept).sum(1, keepdim=True) / kept.sum(1, keepdim=True).clamp_min(1)
-            weights[key] = torch.where(grown, mean.expand_as(flat), flat).view_as(stored)
+            weights[key] = grown_at_zero(stored, state.masks[key].to(stored.device), new.to(stored.device))
         return weights, adjusted
 
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:

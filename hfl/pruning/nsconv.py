@@ -111,6 +111,16 @@ def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA, ga
     return _EffectiveWeight.apply(weight, mask, gamma, gain)
 
 
+def grown_at_zero(weight: Tensor, before: Tensor, after: Tensor) -> Tensor:
+    """`weight` with the entries `after` keeps and `before` did not (grown by a mask adjustment) set
+    to their filter's mean over the entries both keep: that mean, and so every survivor's
+    standardised value, is unchanged, and a grown entry's standardised value, what the convolution
+    applies, is 0 (a stored 0 would apply −μ/σ)."""
+    flat, kept, grown = weight.reshape(weight.shape[0], -1), (before & after).flatten(1), (after & ~before).flatten(1)
+    _count, mean, _sigma = _filter_statistics(flat, kept)
+    return torch.where(grown, mean.expand_as(flat), flat).view_as(weight)
+
+
 class NSConv2d(nn.Conv2d):
     """A Conv2d that convolves with its NSConv effective weight. `mask` (same shape as the weight,
     all kept by default) is a non-persistent buffer: the state keys stay those of a Conv2d, and
