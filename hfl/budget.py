@@ -17,7 +17,7 @@ from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.accounting.flops import FlopCounterMode
 from hfl.config import ExperimentConfig, build_dataclass
-from hfl.experiment import ClientEnvironment, build_model_for
+from hfl.experiment import ClientEnvironment, accountant_for, build_model_for
 from hfl.methods.base import Method
 from hfl.methods.fedtiny import Adjustment
 from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
@@ -132,7 +132,7 @@ def table_method(config: ExperimentConfig, env: ClientEnvironment, name: str, sp
         fields.update(adjust_every=config.method.adjust_every, stop_round=config.method.stop_round)
     method_config = build_dataclass(cls.Config, fields, "method.")
     own = dataclasses.replace(config, method=method_config)
-    accountant = dataclasses.replace(env.accountant, build=lambda width: build_model_for(own, env.data, width), _cache={})
+    accountant = accountant_for(own, env.data)
     resources = dataclasses.replace(
         env.method.resources,
         model=build_model_for(own, env.data),

@@ -3,6 +3,7 @@ method, budgets) and the models built for it. Every backend trains its clients i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from hfl.accounting.accountant import Accountant, optimizer_kind
+from hfl.accounting.accountant import Accountant, CostScopes, optimizer_kind
 from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.budgets import assign_budgets
 from hfl.client import (
@@ -160,14 +161,7 @@ class ClientEnvironment:
             train_x = data.train_x.to(device)
             if augment == "none":  # normalise once instead of every batch of every round
                 train_x = transform(train_x, train=False)
-        accountant = Accountant(
-            build=lambda width: build_model_for(config, data, width),
-            input_shape=data.input_shape,
-            num_classes=data.num_classes,
-            optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
-            weight_decay=config.fl.weight_decay,
-            input_dtype=data.input_dtype,
-        )
+        accountant = accountant_for(config, data)
         _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
         test_x = data.test_x.to(device) if transform is None else transform(data.test_x.to(device), train=False)
         unlabelled = None
@@ -313,6 +307,30 @@ def task_labels(config: ExperimentConfig, data: ImageDataset | TokenDataset) -> 
     if not isinstance(data, ImageDataset):
         return None
     return config.data.name, tuple(config.data.classes) or tuple(range(data.num_classes))
+
+
+UNMODELLED = {"": ("name", "seed", "logging"), "data": ("root", "cache_dir", "download"),
+              "fl": ("rounds", "eval_every", "checkpoint_every", "eval_spill_dir")}
+"""Settings that change no model a run measures: runs that differ only in them share measurements."""
+
+
+def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) -> Accountant:
+    """The experiment's accountant, sharing its measurements with every experiment of this process
+    that builds the same models: the scopes are the config less what changes no model."""
+    modelled = dataclasses.asdict(config)
+    for section, names in UNMODELLED.items():
+        for name in names:
+            (modelled[section] if section else modelled).pop(name)
+    plain = (config.model, model_norm(config), data.name, data.in_channels, task_labels(config, data))
+    return Accountant(
+        build=lambda width: build_model_for(config, data, width),
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
+        weight_decay=config.fl.weight_decay,
+        input_dtype=data.input_dtype,
+        shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
+    )
 
 
 def build_model_for(

@@ -1,9 +1,12 @@
-"""Training costs of an experiment's models, measured once per key and batch size and cached."""
+"""Training costs of an experiment's models, measured once per key and batch size and cached: for
+the experiment alone, or shared with every experiment of the process that builds the same models
+(`Accountant.shared_as`), so that a sweep, a resumed run or a suite of runs measures nothing twice."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +21,19 @@ from hfl.accounting.cost import (
 from hfl.models.base import ScalableModel
 
 ModelFactory = Callable[[float], ScalableModel]
+SHARED_COSTS_KEPT = 4096
+"""How many shared measurements a process keeps (the oldest go first); each is a few hundred bytes."""
+_shared_costs: dict[Hashable, TrainingCost] = {}
+
+
+class CostScopes(NamedTuple):
+    """What an experiment's models are, as hashable descriptions that are equal exactly when two
+    experiments build the same models (their configs, less what cannot change a model)."""
+
+    plain: Hashable
+    """What `build(width)` makes: the model and data settings."""
+    method: Hashable
+    """What the method's own keys name: `plain` and every setting of the method and its budgets."""
 
 
 def optimizer_kind(name: str, momentum: float) -> str:
@@ -43,7 +59,9 @@ class Accountant:
     """The clients' weight decay: the optimiser's temporaries depend on it."""
     input_dtype: torch.dtype = torch.float32
     """float32: normalised images; int64: token ids, with a target token at every position."""
-    _cache: dict[tuple, TrainingCost] = field(default_factory=dict)
+    shared_as: CostScopes | None = None
+    """Share costs with every accountant of this process with equal scopes; None: this one's own."""
+    _cache: dict[Hashable, TrainingCost] = field(default_factory=dict)
 
     def measure(
         self, model: nn.Module, batch_size: int, step: Step = cross_entropy_step, *, count_flops: bool = True, record_only: str | None = None
@@ -59,25 +77,44 @@ class Accountant:
         """`size` all-zero inputs of this experiment's shape and dtype (for probing shapes and FLOPs)."""
         return zero_inputs(self.input_shape, size, self.input_dtype)
 
-    def cost(self, key: Hashable, build: Callable[[], nn.Module], batch_size: int, step: Step = cross_entropy_step) -> TrainingCost:
+    def cost(
+        self, key: Hashable, build: Callable[[], nn.Module], batch_size: int, step: Step = cross_entropy_step, *, count_flops: bool = True
+    ) -> TrainingCost:
         """The cost of training the model `build()` makes (its `requires_grad` flags say what
-        trains) with `step`, measured the first time `key` is asked for at this batch size."""
-        if (key, batch_size) not in self._cache:
-            self._cache[key, batch_size] = self.measure(build(), batch_size, step)
-        return self._cache[key, batch_size]
+        trains) with `step`, measured the first time `key` is asked for at this batch size. A
+        method's key names its model and step within the method (e.g. `("client", shape, frozen)`)."""
+        return self._cached("method", key, batch_size, count_flops,
+                            lambda: self.measure(build(), batch_size, step, count_flops=count_flops))
 
     def plain_cost(self, width: float, batch_size: int) -> TrainingCost:
         """Training the plain model at `width` (what a `width:` budget means, for every method alike)."""
-        return self.cost(("plain", width), lambda: self.build(width), batch_size)
+        return self._cached("plain", ("plain", width), batch_size, True,
+                            lambda: self.measure(self.build(width), batch_size))
 
     def block_cost(self, block: int, batch_size: int, width: float = 1.0) -> TrainingCost:
         """Training body block `block` alone (FeDepth's unit, as its Table 1 counts it): the other
         blocks frozen, only that block's saved activations counted, the head trained with it."""
-        key = ("block", block, batch_size, width)
-        if key not in self._cache:
+        def measured() -> TrainingCost:
             model = self.build(width)
             model.requires_grad_(False)
             model.body[block].requires_grad_(True)
             model.head.requires_grad_(True)
-            self._cache[key] = self.measure(model, batch_size, record_only=f"body.{block}")
-        return self._cache[key]
+            return self.measure(model, batch_size, record_only=f"body.{block}")
+
+        return self._cached("plain", ("block", block, width), batch_size, True, measured)
+
+    def _cached(self, scope: str, key: Hashable, batch_size: int, count_flops: bool, measured: Callable[[], TrainingCost]) -> TrainingCost:
+        """`measured()`, the first time `key` is asked for at this batch size, in `scope` ("plain"
+        or "method") of `shared_as`, or in this accountant's own cache."""
+        # The default dtype decides the models' precision (float64 under torch.set_default_dtype).
+        full_key = (key, batch_size, count_flops, torch.get_default_dtype())
+        if self.shared_as is None:
+            store = self._cache
+        else:
+            shared = (getattr(self.shared_as, scope), self.input_shape, self.num_classes, self.optimizer, self.weight_decay, self.input_dtype)
+            store, full_key = _shared_costs, (*shared, *full_key)
+        if full_key not in store:
+            if store is _shared_costs and len(store) >= SHARED_COSTS_KEPT:
+                del store[next(iter(store))]
+            store[full_key] = measured()
+        return store[full_key]

@@ -107,7 +107,6 @@ class FeDepth(Method):
         if config.grouping == "paper":
             self.check_paper_grouping(resources)
         self.model = self.adapt_model(self.model)
-        self._stage_costs: dict[tuple, TrainingCost] = {}
         self._layouts: dict[tuple, Layout | None] = {}
         self._block_output_shapes: dict[tuple, list[tuple[int, ...]]] = {}
 
@@ -171,21 +170,20 @@ class FeDepth(Method):
     # -- costs and the decomposition ----------------------------------------------------------
     def stage_cost(self, group: Group, models: int, batch_size: int) -> TrainingCost:
         """Measured memory and FLOPs of one step of `group` with `models` models resident and trained."""
-        key = (group, models, batch_size)
-        if key not in self._stage_costs:
+        accountant = self.resources.accountant
+
+        def build() -> nn.Module:
             model = self.build(self.model.width)
-            accountant = self.resources.accountant
             self.head_input_shape(model, accountant.input_shape, accountant.input_dtype)  # shapes first: not part of the measurement
             trainable = self.stage_parameters(model, group)
             for name, param in model.named_parameters():
                 param.requires_grad_(name in trainable)
-            ensemble = nn.ModuleList([model, *(copy.deepcopy(model) for _ in range(models - 1))])
+            return nn.ModuleList([model, *(copy.deepcopy(model) for _ in range(models - 1))])
 
-            def step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-                return self.stage_loss(list(m), x, y, group)["loss"]
+        def step(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+            return self.stage_loss(list(m), x, y, group)["loss"]
 
-            self._stage_costs[key] = self.resources.accountant.measure(ensemble, batch_size, step)
-        return self._stage_costs[key]
+        return accountant.cost(("stage", group, models), build, batch_size, step)
 
     def group_fits(self, group: Group, *, models: int, batch_size: int, budget: int) -> bool:
         return self.stage_cost(group, models, batch_size).peak_bytes <= budget

@@ -122,8 +122,8 @@ class FedMef(FedTiny):
         """Whether the client's ReLUs keep boolean masks instead of their outputs: whichever gives
         the lower measured training peak of the whole model with SAP (see the module docstring)."""
         def peak(masks: bool) -> int:
-            model = prune_activations(super(FedMef, self).client_model(full_spec()), self.config.activation_sparsity, masks)
-            return self.resources.accountant.measure(model, self.resources.batch_size, count_flops=False).peak_bytes
+            build = lambda: prune_activations(super(FedMef, self).client_model(full_spec()), self.config.activation_sparsity, masks)
+            return self.resources.accountant.cost(("sap", masks), build, self.resources.batch_size, count_flops=False).peak_bytes
 
         # Measured on the CPU whoever asks first: `upload_bytes` builds client models on the meta device.
         with torch.device("cpu"):

@@ -97,7 +97,6 @@ class FjORD(Method):
         """A batch norm per width; with static batch norm the evaluation recomputes statistics per width instead."""
         self.model = self.adapt_model(self.model)
         self._layers: WeakKeyDictionary[ScalableModel, list[tuple[nn.Module, ChannelGroup]]] = WeakKeyDictionary()
-        self._distillation_costs: dict[tuple[float, int], TrainingCost] = {}
         levels = [Level(f"x{p:.3g}", self.spec_for(p), FjORDOptions(p)) for p in self.ladder_widths]
         self.ladder = self.make_ladder(levels, tier_window=config.tier_window, evaluated="nested", global_model="largest_trained")
 
@@ -136,12 +135,8 @@ class FjORD(Method):
         p = task.options.p_max
         if not self.config.self_distillation or same_width(p, self.ladder_widths[0]):
             return cost
-        key = (p, batch_size)
-        if key not in self._distillation_costs:
-            model = self.build(self.width_of(task.spec))
-            step = lambda m, x, y: self.losses(m, x, y, self.ladder_widths[0], p)["loss"]
-            self._distillation_costs[key] = self.resources.accountant.measure(model, batch_size, step)
-        return self._distillation_costs[key]
+        step = lambda m, x, y: self.losses(m, x, y, self.ladder_widths[0], p)["loss"]
+        return self.resources.accountant.cost(("distilled", p), lambda: self.build(self.width_of(task.spec)), batch_size, step)
 
     # -- objective ------------------------------------------------------------------------------
     def draw_width(self, ctx: RoundContext, p_max: float, step: int) -> float:

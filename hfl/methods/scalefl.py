@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from hfl.accounting.analytic import AnalyticCosts
 from hfl.errors import ConfigError, check, check_choice
@@ -139,7 +139,6 @@ class ScaleFL(Method):
         step = config.width_step
         self.widths = [round(k * step, 6) for k in range(1, int(1 / step + 1e-6) + 1)]
         self.costs = AnalyticCosts(self.model, config.exit_kind, resources.accountant.input_shape, resources.accountant.input_dtype)
-        self._memory: dict[tuple[tuple[int, ...], int, frozenset[int]], int] = {}
         self._bases = sorted({(group.base, group.unit) for group in self.model.channel_groups()})
         search = partial(solve_splits, widths=self.widths, blocks=self.blocks, epsilon=config.epsilon)
         if config.levels_from == "ratios":
@@ -175,14 +174,16 @@ class ScaleFL(Method):
         """Estimated training memory of a split, as the accountant estimates a client's; widths with
         the same channel counts share one measurement."""
         absolute = self.model.width * width
-        key = (tuple(scaled_channels(base, absolute, unit) for base, unit in self._bases), depth, exits)
-        if key not in self._memory:
+        channels = tuple(scaled_channels(base, absolute, unit) for base, unit in self._bases)
+
+        def build() -> nn.Module:
             model = self.resources.build(absolute)
             add_exits(model, sorted(exits), self.config.exit_kind)
             if depth < self.blocks:
                 model.truncate(depth)
-            self._memory[key] = self.resources.accountant.measure(model, self.resources.batch_size, count_flops=False).peak_bytes
-        return self._memory[key]
+            return model
+
+        return self.resources.accountant.cost(("split", channels, depth, exits), build, self.resources.batch_size, count_flops=False).peak_bytes
 
     def _memory_ratio(self, width: float, depth: int, cuts: Sequence[int]) -> float:
         return self._split_memory(width, depth, held_exits(cuts, depth, self.blocks)) / self._plain_memory()
