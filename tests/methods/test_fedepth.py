@@ -226,7 +226,8 @@ def test_surplus_clients_train_peers_and_upload_one_model(monkeypatch):
 @pytest.mark.slow
 def test_auxiliary_classifiers_variant_trains_the_exit_after_each_group(tmp_path):
     config = small_config(method={"name": "fedepth", "connector": "auxiliary"}, model={"name": "preresnet20"},
-                          budgets={"scenario": "fair"}, data={"name": "synthetic"}, fl={"rounds": 1, "clients": 4, "fraction": 1.0, "batch_size": 128})
+                          budgets={"scenario": "fair"}, data={"name": "synthetic", "partition": "iid"},
+                          fl={"rounds": 1, "clients": 12, "fraction": 1 / 3, "batch_size": 128})  # 4 clients of a batch each
     env = ClientEnvironment.from_config(config)
     budget = next(b for b in env.budgets if b.tier == "w1_3")
     ctx = RoundContext(1, 0, config.seed, len(env.partitions[0]), train_settings(config.fl, 1), budget)
