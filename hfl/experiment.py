@@ -309,8 +309,8 @@ def task_labels(config: ExperimentConfig, data: ImageDataset | TokenDataset) -> 
     return config.data.name, tuple(config.data.classes) or tuple(range(data.num_classes))
 
 
-UNMODELLED = {"": ("name", "seed", "logging"), "data": ("root", "cache_dir", "download"),
-              "fl": ("rounds", "eval_every", "checkpoint_every", "eval_spill_dir")}
+SETTINGS_THAT_CHANGE_NO_MODEL = {"": ("name", "seed", "logging"), "data": ("root", "cache_dir", "download"),
+                                 "fl": ("rounds", "lr", "lr_schedule", "lr_decay", "eval_every", "checkpoint_every", "eval_spill_dir")}
 """Settings that change no model a run measures: runs that differ only in them share measurements."""
 
 
@@ -318,7 +318,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
     """The experiment's accountant, sharing its measurements with every experiment of this process
     that builds the same models: the scopes are the config less what changes no model."""
     modelled = dataclasses.asdict(config)
-    for section, names in UNMODELLED.items():
+    for section, names in SETTINGS_THAT_CHANGE_NO_MODEL.items():
         for name in names:
             (modelled[section] if section else modelled).pop(name)
     plain = (config.model, model_norm(config), data.name, data.in_channels, task_labels(config, data))

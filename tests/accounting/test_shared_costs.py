@@ -28,11 +28,11 @@ def heterofl(**fl):
     return small_config(method={"name": "heterofl"}, budgets=FAIR, fl={"rounds": 1, "clients": 4, "fraction": 1.0, **fl})
 
 
-def test_a_run_differing_only_in_seed_and_rounds_measures_nothing_again(measured, tmp_path):
+def test_a_run_differing_only_in_seed_rounds_and_learning_rate_measures_nothing_again(measured, tmp_path):
     run_experiment(heterofl(), tmp_path / "first")
     count = len(measured)
     assert count > 4  # the fair budgets' four widths and the clients' sub-models
-    run_experiment(dataclasses.replace(heterofl(rounds=2), seed=1), tmp_path / "again")
+    run_experiment(dataclasses.replace(heterofl(rounds=2, lr=0.01, lr_schedule="cosine"), seed=1), tmp_path / "again")
     assert len(measured) == count
     first, again = ({c["tier"]: c["estimated_peak_bytes"] for r in read_metrics(tmp_path / run) for c in r["clients"]} for run in ("first", "again"))
     assert {t: again[t] for t in first if t in again} == {t: first[t] for t in again if t in first} != {}
