@@ -20,10 +20,15 @@ def pytest_collection_modifyitems(config, items):
     once; every other test goes to whichever worker is free (grouping whole modules left one of two
     workers idle behind the longest module). A test that names its own `xdist_group` (the golden
     shards) keeps it. First among the hooks: xdist's own reads the groups into the test ids, and
-    groups added after it are silently ignored."""
+    groups added after it are silently ignored.
+
+    The slow tests that stand alone go first: xdist hands out the groups (its largest first), then
+    single tests in this order, so the quick ones fill the end instead of one worker finishing a
+    20-second test while the other waits."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None and shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") and item.get_closest_marker("xdist_group") is None))
 
 
 def shares_a_module_fixture(item) -> bool:
