@@ -199,8 +199,9 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
             ctx = dataclasses.replace(round_one(config, env, 0, adjust_round), num_samples=num_samples)
             task = method.plan(ctx, method.init_state())
             if name == "fedmef":
-                without_sap = Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
-                dense_activations = method.resources.accountant.measure(without_sap, batch, count_flops=False)
+                without_sap = lambda: Method.client_model(method, task.spec)  # the same NSConv model, inputs kept whole
+                key = ("without SAP", task.spec.shape, task.spec.frozen)  # measured once for both FedMef rows
+                dense_activations = method.resources.accountant.cost(key, without_sap, batch, count_flops=False)
             # Without SAP FedMef trains the model just measured: its SAP model (and SAP's choice of
             # ReLU masks, two more measurements of the whole model) is not measured for that row.
             cost = dense_activations if variant == "no SAP" else method.training_cost(task, batch)
