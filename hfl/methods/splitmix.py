@@ -102,7 +102,6 @@ class SplitMix(Method):
         super().__init__(config, resources)
         self.base_ratio = config.base_width or self.widest_fitting_base()
         """r, relative to the configured model."""
-        self._pair_costs: dict[int, TrainingCost] = {}
         """Two bases' training cost, by batch size."""
         # Level k: the mix of k bases (width k*r); the first k for evaluation, others for a client.
         levels = [Level(f"x{k * self.base_ratio:.3g}", self.spec_for(range(k)), BasesOptions(tuple(range(k))))
@@ -151,10 +150,8 @@ class SplitMix(Method):
         k = len(task.spec.places)
         if k <= 1:
             return one
-        if batch_size not in self._pair_costs:
-            pair = BaseEnsemble([self.build(self.base_width) for _ in range(2)])
-            self._pair_costs[batch_size] = self.resources.accountant.measure(pair, batch_size, ensemble_loss)
-        two = self._pair_costs[batch_size]
+        pair = lambda: BaseEnsemble([self.build(self.base_width) for _ in range(2)])
+        two = self.resources.accountant.cost(("base pair", self.base_width), pair, batch_size, ensemble_loss)
         return TrainingCost(**{f.name: getattr(one, f.name) + (k - 1) * (getattr(two, f.name) - getattr(one, f.name)) for f in fields(TrainingCost)})
 
     # -- plan and objective -----------------------------------------------------------------------
