@@ -39,7 +39,7 @@ def masked_weighted_mean(global_state: Mapping[str, Tensor], updates: Iterable[C
                 full_weight[key] = full_weight.get(key, 0.0) + w
                 continue
             region = _region(old.shape, dims or {})
-            held = mask.to(old.dtype) if mask is not None else torch.ones_like(value, dtype=old.dtype)
+            held = mask.to(old.device, old.dtype) if mask is not None else torch.ones_like(value, dtype=old.dtype)
             if isinstance(region[0], slice) or not region:
                 acc[region] += w * value * held
             else:

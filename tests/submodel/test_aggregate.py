@@ -41,3 +41,13 @@ def test_two_dimensional_indices():
     spec = SubmodelSpec(indices={"w": {0: torch.tensor([2, 0]), 1: torch.tensor([1, 2])}})
     new = masked_weighted_mean(g, [update({"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}, 1, spec)])
     torch.testing.assert_close(new["w"], torch.tensor([[0.0, 3.0, 4.0], [0.0, 0.0, 0.0], [0.0, 1.0, 2.0]]))
+
+
+def test_masks_on_the_cpu_meet_a_global_state_on_another_device():
+    """Sparse methods keep their masks on the CPU while the server's state may live on a GPU (the
+    meta device stands in for it: it refuses CPU operands just as CUDA does). An H100 run of FedTiny
+    failed here, in its first aggregation."""
+    g = {"w": torch.zeros(4, device="meta")}
+    masked = SubmodelSpec(masks={"w": torch.tensor([True, False, True, True])})
+    new = masked_weighted_mean(g, [update({"w": torch.ones(4, device="meta")}, 1, masked)])
+    assert new["w"].device.type == "meta" and new["w"].shape == (4,)
