@@ -42,7 +42,7 @@ import torch
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker
 from hfl.backends.base import ClientEnvironment
 from hfl.config import config_from_dict
-from hfl.methods.base import describe_task
+from hfl.budget import describe_task
 from hfl.methods.fedepth import Layout
 from hfl.server import initial_state, train_settings
 from hfl.submodel.spec import freeze, full_spec

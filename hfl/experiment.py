@@ -93,6 +93,16 @@ def uses_cudnn(config: ExperimentConfig) -> bool:
     return choice == "on" or (choice == "auto" and not config.budgets.enabled)
 
 
+def clients_train_on_cuda(config: ExperimentConfig) -> bool:
+    """Whether clients train on a GPU: asked for, or auto where this process sees one or the Ray
+    actors reserve GPUs (a CPU head plans for GPU workers)."""
+    backend = config.backend
+    if backend.device != "auto":
+        return backend.device == "cuda"
+    ray_gpus = backend.name == "ray" and (backend.num_gpus_per_client > 0 or bool(backend.gpu_memory))
+    return ray_gpus or torch.cuda.is_available()
+
+
 def warm_up_cuda(device: torch.device) -> None:
     """Start cuBLAS (and cuBLASLt) and cuDNN on `device` with one small training step. Their
     handles and persistent workspaces (cuBLAS keeps one per stream, several MiB) belong to the
@@ -329,6 +339,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
         optimizer=optimizer_kind(config.fl.optimizer, config.fl.momentum),
         weight_decay=config.fl.weight_decay,
         input_dtype=data.input_dtype,
+        conv_workspace=clients_train_on_cuda(config) and not uses_cudnn(config),
         shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
     )
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.flops import FlopCounterMode
-from hfl.accounting.memory import LiveStorageTracker
+from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
 
@@ -132,6 +132,22 @@ class _StepMeasurement:
     activation_bytes: int
     forward_flops: int
     backward_flops: int
+    conv_workspace_bytes: int
+
+
+def conv_workspace_bytes(conv: nn.Conv2d, output: Tensor) -> int:
+    """The unfolded input (im2col) CUDA's convolution without cuDNN allocates for one image, inside
+    the kernel and so outside torch's tensors, in the forward pass and again in the backward pass:
+    (input channels per group x kernel area) x output positions. Depthwise convolutions and 1x1
+    convolutions that neither stride nor pad use kernels without one."""
+    groups, channels = conv.groups, conv.in_channels
+    if groups > 1 and groups == channels:
+        return 0
+    if conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding in ((0, 0), "valid"):
+        return 0
+    kh, kw = conv.kernel_size
+    positions = output.shape[-2] * output.shape[-1]
+    return (channels // groups) * kh * kw * positions * output.element_size()
 
 
 def _measure_steps(
@@ -154,6 +170,10 @@ def _measure_steps(
         meter.recording = False
         hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter, "recording", True)))
         hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter, "recording", False)))
+    workspace = [0]
+    for conv in (m for m in model.modules() if isinstance(m, nn.Conv2d)):
+        hooks.append(conv.register_forward_hook(
+            lambda module, _, out: workspace.__setitem__(0, max(workspace[0], conv_workspace_bytes(module, out)))))
     tracker = LiveStorageTracker(x.device.type, record=True)
     forward = backward = 0
     try:
@@ -181,7 +201,7 @@ def _measure_steps(
         for hook in hooks:
             hook.remove()
         model.zero_grad(set_to_none=True)
-    return _StepMeasurement(tracker.timeline, meter.bytes, forward, backward)
+    return _StepMeasurement(tracker.timeline, meter.bytes, forward, backward, workspace[0])
 
 
 def example_batch(
@@ -215,13 +235,16 @@ def measure_training_cost(
     count_flops: bool = True,
     weight_decay: float = 0.0,
     input_dtype: torch.dtype = torch.float32,
+    conv_workspace: bool = False,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
     `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
     int64) with `optimizer` ("sgd", "sgd_momentum", "adam") and `weight_decay`. `record_only` names a submodule whose saved activations alone are counted;
     the peak is then that share's sum of parts (weights, gradients, optimiser state, its saved
     activations, the batch), not a timeline. Without `count_flops` the FLOPs are reported as 0 (for
-    searches over many shapes). The model is copied: its weights and statistics stay unchanged."""
+    searches over many shapes). With `conv_workspace` the peak also counts the largest convolution's
+    unfolded input (`conv_workspace_bytes`), which CUDA allocates outside torch's tensors when cuDNN
+    is off, as hfl trains clients with budgets. The model is copied: its weights and statistics stay unchanged."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_COPIES)}, got {optimizer!r}")
     probe = copy.deepcopy(model).train()
@@ -254,6 +277,8 @@ def measure_training_cost(
             log.debug("timelines of %d and %d allocations: measuring at batch %d", len(small.timeline), len(large.timeline), batch_size)
             created = max(measured(batch_size).timeline, default=0)
         peak = param_bytes + input_bytes + created
+    if conv_workspace:  # at most one convolution runs at a time: its unfolded input comes on top once
+        peak += allocation_bytes(max(small.conv_workspace_bytes, large.conv_workspace_bytes), CUDA_ALLOCATION_UNIT)
     return TrainingCost(
         batch_size=batch_size,
         param_bytes=param_bytes,

@@ -61,7 +61,7 @@ def test_the_process_keeps_the_latest_measurements(measured, monkeypatch):
     env = ClientEnvironment.from_config(heterofl())  # measures the fair scenario's four widths, keeps the last two
     assert len(accountant_module._shared_costs) == 2
     count = len(measured)
-    kept = [key[6][1] for key in accountant_module._shared_costs]  # ("plain", width)
+    kept = [key[-4][1] for key in accountant_module._shared_costs]  # (..., ("plain", width), batch, flops, dtype)
     for width in kept:
         env.accountant.plain_cost(width, 32)
     assert len(measured) == count
