@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step memory 120 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
 step memory_cudnn 50 "$PY" benchmarks/memory_accuracy.py --device cuda --cudnn on --kinds whole,fedepth --json "$OUT/memory_cudnn.json"
-step tests 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider
+step tests 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors  # modules that import Ray fail to collect where it is missing
 step throughput 90 "$PY" benchmarks/throughput.py --device cuda --repeats 2 --rounds 10  # both drivers: fast and lightning
 step clients 150 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --json "$OUT/clients.json" $RAY
 [ -z "$RAY" ] || step budget_run 60 "$PY" benchmarks/gpu_budget_run.py
