@@ -1,10 +1,12 @@
 """What one client-round of training costs: memory by kind, FLOPs, and the bytes it moves.
 
-Memory is measured, not modelled. Two real training steps (zero_grad, forward, backward, optimiser
-step, as a client runs them; the second with the optimiser state the first created) run under a
-`LiveStorageTracker`, which sees every tensor the step creates and frees: gradients, optimiser
-state and its temporaries, activations saved for backward, the gradients of activations. The peak
-is the largest total at any moment, plus the tensors held throughout (weights, one input batch).
+Memory is measured, not modelled. Two real training steps run (zero_grad, forward, backward, optimiser
+step, as a client runs them). The second, steady one (the optimiser state the first created exists)
+runs under a `LiveStorageTracker`, which starts from the gradients and state the first left and sees
+every tensor the step creates and frees: gradients, optimiser temporaries, activations saved for
+backward, the gradients of activations. The peak is the largest total at any moment, plus the tensors
+held throughout (weights, one input batch). Tracking only the second step gives the same peaks as
+tracking both (the golden runs' estimates are unchanged) in about 10 % less time of a run.
 Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`), for the
 breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, with the CPU attention
 kernels counted too (`hfl.accounting.flops`).
@@ -128,7 +130,7 @@ def probe_optimizer(params: list[nn.Parameter], optimizer: str, weight_decay: fl
 @dataclass(frozen=True)
 class _StepMeasurement:
     timeline: list[int]
-    """Bytes alive after every allocation of the two steps (besides the weights and the batch)."""
+    """Bytes alive after every allocation of the steady step (besides the weights and the batch)."""
     activation_bytes: int
     forward_flops: int
     backward_flops: int
@@ -150,6 +152,35 @@ def conv_workspace_bytes(conv: nn.Conv2d, output: Tensor) -> int:
     return (channels // groups) * kh * kw * positions * output.element_size()
 
 
+def _train_step(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    step: Step,
+    opt: torch.optim.Optimizer | None,
+    saving: contextlib.AbstractContextManager = contextlib.nullcontext(),
+    counter: FlopCounterMode | None = None,
+) -> tuple[int, int]:
+    """One training step as a client runs it (zero_grad, forward under `saving`, backward,
+    optimiser step); with `counter`, the forward and backward FLOPs it counts around those two."""
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    forward = backward = 0
+    with counter if counter is not None else contextlib.nullcontext():
+        with saving:
+            loss = step(model, x, y)
+        if counter is not None:
+            forward = counter.get_total_flops()
+        if loss.requires_grad:
+            loss.backward()
+        if counter is not None:
+            backward = counter.get_total_flops() - forward
+    del loss
+    if opt is not None:
+        opt.step()
+    return forward, backward
+
+
 def _measure_steps(
     model: nn.Module,
     x: Tensor,
@@ -160,8 +191,9 @@ def _measure_steps(
     record_only: nn.Module | None,
     count_flops: bool,
 ) -> _StepMeasurement:
-    """Two training steps of `model` on batch (x, y) under the live-storage tracker; the first step's
-    saved activations (only `record_only`'s, if given) and FLOPs."""
+    """Two training steps of `model` on batch (x, y), the second (steady: the optimiser's state
+    exists) under the live-storage tracker, which starts from the gradients and state the first left;
+    the second step's saved activations (only `record_only`'s, if given) and FLOPs."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = probe_optimizer(trainable, optimizer, weight_decay) if trainable else None
     meter = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
@@ -177,25 +209,18 @@ def _measure_steps(
     tracker = LiveStorageTracker(x.device.type, record=True)
     forward = backward = 0
     try:
+        # The first step creates the optimiser's state. It runs untracked (the dispatch mode is most
+        # of a measurement's time), and the steady step's count starts from what it left alive.
+        _train_step(model, x, y, step, opt)
+        held = [p.grad for p in trainable if p.grad is not None]
+        if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
+            held += [t for state in opt.state.values() for k, t in state.items() if isinstance(t, Tensor) and k != "step"]
         with tracker:
-            for i in range(2):
-                first = i == 0
-                if opt is not None:
-                    opt.zero_grad(set_to_none=True)
-                counter = FlopCounterMode(display=False) if first and count_flops else contextlib.nullcontext()
-                saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack) if first else contextlib.nullcontext()
-                with counter:
-                    with saving:
-                        loss = step(model, x, y)
-                    if first and count_flops:
-                        forward = counter.get_total_flops()
-                    if loss.requires_grad:
-                        loss.backward()
-                    if first and count_flops:
-                        backward = counter.get_total_flops() - forward
-                del loss
-                if opt is not None:
-                    opt.step()
+            tracker.hold(held)
+            del held
+            counter = FlopCounterMode(display=False) if count_flops else None
+            saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
+            forward, backward = _train_step(model, x, y, step, opt, saving, counter)
     finally:
         tracker.stop()
         for hook in hooks:
@@ -273,7 +298,7 @@ def measure_training_cost(
     else:
         if len(small.timeline) == len(large.timeline):
             created = max((a + (b - a) * (batch_size - 2) // 2 for a, b in zip(small.timeline, large.timeline)), default=0)
-        else:  # the two steps did not allocate alike (a size-dependent kernel path): measure directly
+        else:  # the two batch sizes did not allocate alike (a size-dependent kernel path): measure directly
             log.debug("timelines of %d and %d allocations: measuring at batch %d", len(small.timeline), len(large.timeline), batch_size)
             created = max(measured(batch_size).timeline, default=0)
         peak = param_bytes + input_bytes + created

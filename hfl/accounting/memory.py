@@ -14,7 +14,7 @@ before the tracker started (the caller counts those).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -71,6 +71,13 @@ class LiveStorageTracker(TorchDispatchMode):
             if id(storage) not in inputs:
                 self._add(storage)
         return out
+
+    def hold(self, tensors: Iterable[Tensor]) -> None:
+        """Count the storages of `tensors` (on this device) as alive from now until they are freed:
+        what ran before the tracker left them (a first training step's gradients and optimiser state)."""
+        for t in tensors:
+            if t.device.type == self.device_type and t.layout == torch.strided and id(t.untyped_storage()) not in self._sizes:
+                self._add(t.untyped_storage())
 
     def _add(self, storage: torch.UntypedStorage) -> None:
         key, size = id(storage), allocation_bytes(storage.nbytes(), self.unit)

@@ -164,3 +164,19 @@ def test_clients_on_cuda_without_cudnn_count_the_conv_workspace():
     ray_gpus = {**auto, "name": "ray", "num_gpus_per_client": 0.5}
     assert ClientEnvironment.from_config(small_config(backend=ray_gpus, budgets=budgeted)).accountant.conv_workspace
     assert not ClientEnvironment.from_config(small_config(backend=ray_gpus)).accountant.conv_workspace
+
+
+def test_held_tensors_count_until_they_are_freed():
+    """What an untracked first step leaves (gradients, optimiser state) counts from the tracked
+    step's start, once per storage, and stops counting when it is freed."""
+    from hfl.accounting.memory import LiveStorageTracker
+
+    grad, state = torch.ones(100), torch.ones(50)
+    with LiveStorageTracker("cpu") as tracker:
+        tracker.hold([grad, state, grad[:10]])
+        assert tracker.live_bytes == 600
+        del grad
+        assert tracker.live_bytes == 200
+        doubled = state * 2
+        assert tracker.live_bytes == 400
+    assert tracker.peak_bytes == 600 and doubled.shape == state.shape
