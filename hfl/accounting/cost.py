@@ -190,10 +190,12 @@ def _measure_steps(
     weight_decay: float,
     record_only: nn.Module | None,
     count_flops: bool,
+    conv_workspace: bool,
 ) -> _StepMeasurement:
     """Two training steps of `model` on batch (x, y), the second (steady: the optimiser's state
     exists) under the live-storage tracker, which starts from the gradients and state the first left;
-    the second step's saved activations (only `record_only`'s, if given) and FLOPs."""
+    the second step's saved activations (only `record_only`'s, if given) and FLOPs; with
+    `conv_workspace`, the largest convolution's unfolded input."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = probe_optimizer(trainable, optimizer, weight_decay) if trainable else None
     meter = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
@@ -203,7 +205,8 @@ def _measure_steps(
         hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter, "recording", True)))
         hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter, "recording", False)))
     workspace = [0]
-    for conv in (m for m in model.modules() if isinstance(m, nn.Conv2d)):
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)] if conv_workspace else []
+    for conv in convs:
         hooks.append(conv.register_forward_hook(
             lambda module, _, out: workspace.__setitem__(0, max(workspace[0], conv_workspace_bytes(module, out)))))
     tracker = LiveStorageTracker(x.device.type, record=True)
@@ -279,7 +282,7 @@ def measure_training_cost(
     def measured(size: int) -> _StepMeasurement:
         x, y = example_batch(input_shape, num_classes, size, gen, input_dtype)
         with torch.random.fork_rng(devices=[]):
-            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops)
+            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops, conv_workspace)
 
     # Batches of 2 and 4 (batch norm refuses a single sample on 1x1 feature maps) fix every moment's
     # affine function of the batch size.

@@ -102,7 +102,6 @@ class SplitMix(Method):
         super().__init__(config, resources)
         self.base_ratio = config.base_width or self.widest_fitting_base()
         """r, relative to the configured model."""
-        """Two bases' training cost, by batch size."""
         # Level k: the mix of k bases (width k*r); the first k for evaluation, others for a client.
         levels = [Level(f"x{k * self.base_ratio:.3g}", self.spec_for(range(k)), BasesOptions(tuple(range(k))))
                   for k in range(1, self.num_bases + 1)]
