@@ -21,7 +21,7 @@ from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.storage import RAY_JOB_VARIABLE
 from hfl.tune import format_results, load_sweep, run_tune
-from hfl.tune.runner import TrialSetup, run_trial, trial_config
+from hfl.tune.trial import TrialSetup, run_trial, trial_config
 from tests.conftest import ROOT, cli_env
 
 TINY = {
@@ -428,7 +428,8 @@ def test_bad_search_scheduler_or_objective_names_the_field(tmp_path, extra, spac
 
 def test_any_summary_metric_is_an_objective_and_budget_breakers_rank_last(tmp_path):
     from hfl.server import summarise
-    from hfl.tune.runner import WORST, objective, ranked, round_scores
+    from hfl.tune.runner import ranked
+    from hfl.tune.trial import WORST, objective, round_scores
 
     # summary.json's values after a round, with the exit and ensemble metrics of an early-exit method
     (tmp_path / "metrics.jsonl").write_text(json.dumps({
@@ -542,7 +543,7 @@ def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoin
 @pytest.mark.slow
 def test_asha_minimising_loss_ranks_trials_that_break_budgets_last_and_each_trial_is_a_wandb_run(ray_address, tmp_path, progress):
     from hfl.report import write_report
-    from hfl.tune.runner import WORST
+    from hfl.tune.trial import WORST
     from tests.test_wandb import items, wandb_records
 
     space = {"method.name": {"grid": ["heterofl", "fedavg"]}, "fl.lr": {"grid": [0.03, 0.1]}}
