@@ -72,9 +72,6 @@ class ClientActor:
     """One simulated-client worker; trains whichever clients it is handed."""
 
     def __init__(self, config: ExperimentConfig) -> None:
-        # Expandable segments keep the memory the allocator reserves close to what tensors use,
-        # so a budget cap (see cap_client_memory) fails clients that exceed it, not fragmentation.
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         context = ray.get_runtime_context()
         self.placement = {"ray_node": context.get_node_id(), "ray_resources": context.get_assigned_resources(),
                           "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
