@@ -4,6 +4,9 @@
 #   run_method NAME CONFIG [overrides...]           # into OUT/NAME, or OUT/NAME-seed<k> with several seeds;
 #                                                   # a finished run is kept, an interrupted one resumed
 #   write_report                                    # OUT/report; several seeds: mean ± std per method
+# HFL_PARALLEL=1 starts every new run at once in the background (runs sharing one GPU), each logging to
+# OUT/NAME.log and, with HFL_RUN_LIMIT=SECONDS, stopped after that long (its metrics.jsonl keeps every
+# round it reached; the script run again resumes it); write_report waits for them.
 seeds=(0)
 runs=()
 overrides=()
@@ -81,6 +84,7 @@ selected() {
 }
 
 write_report() {
+  wait  # for the runs HFL_PARALLEL started
   hfl report "${runs[@]}" --out "$out/report"
 }
 
@@ -96,7 +100,13 @@ run_method() {
       hfl run --resume "$dir" "$@"
     else
       # One wandb group per comparison (a no-op unless logging.wandb=true); the caller's overrides come after
-      hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir"
+      local run=(hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir")
+      if [ -n "${HFL_PARALLEL:-}" ]; then
+        mkdir -p "$(dirname "$dir")"
+        ${HFL_RUN_LIMIT:+timeout "$HFL_RUN_LIMIT"} "${run[@]}" > "$dir.log" 2>&1 &
+      else
+        "${run[@]}"
+      fi
     fi
     runs+=("$dir")
   done

@@ -14,14 +14,15 @@ PER_CONSTRAINT = {"caff_table1", "caff_table2"}
 ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT]
 
 
-def calls_of(script, tmp_path, *args):
-    """The argument lists `script OUT args...` passes to `hfl`, one per call."""
+def calls_of(script, tmp_path, *args, env=None):
+    """The argument lists `script OUT args...` passes to `hfl`, one per call (one line each)."""
     fake = tmp_path / "bin" / "hfl"
     fake.parent.mkdir(exist_ok=True)
     log = tmp_path / "calls.txt"
-    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\t" "$@" >> {log}\necho >> {log}\n')
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = run ] && sleep "${{FAKE_RUN_SECONDS:-0}}"\n'
+                    f'line=$(printf "%s\\t" "$@")\necho "$line" >> {log}\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, **(env or {}), "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
     subprocess.run(["bash", str(script), str(tmp_path / "out"), *args], check=True, env=env, capture_output=True)
     return [line.rstrip("\t").split("\t") for line in log.read_text().splitlines()]
 
@@ -44,6 +45,18 @@ def test_seeds_run_every_method_once_per_seed_and_report_them_all(script, tmp_pa
             assert sum(1 for c in runs if Path(c[1]).stem == config and f"seed={seed}" in c and c[-2:] == ["--out", out]) == 1
             expected.append(out)
     assert report[0] == "report" and sorted(report[1:-2]) == sorted(expected) and report[-2:] == ["--out", str(tmp_path / "out" / "report")]
+
+
+def test_parallel_runs_start_the_same_runs_and_report_after_them(tmp_path):
+    script = ROOT / "experiments" / "fedepth_table2" / "compare.sh"
+    one_by_one = calls_of(script, tmp_path, "--seeds", "0,1", "fl.rounds=1")
+    (tmp_path / "calls.txt").unlink()
+    at_once = calls_of(script, tmp_path, "--seeds", "0,1", "fl.rounds=1", env={"HFL_PARALLEL": "1", "HFL_RUN_LIMIT": "60", "FAKE_RUN_SECONDS": "0.5"})
+    assert sorted(at_once[:-1]) == sorted(one_by_one[:-1]) and at_once[-1] == one_by_one[-1]
+    assert (tmp_path / "out" / "fedepth-seed1.log").is_file()
+    (tmp_path / "calls.txt").unlink()
+    cut = calls_of(script, tmp_path, env={"HFL_PARALLEL": "1", "HFL_RUN_LIMIT": "1", "FAKE_RUN_SECONDS": "5"})
+    assert [c[0] for c in cut] == ["report"]  # every run stopped before it finished
 
 
 def test_one_seed_keeps_one_folder_per_method(tmp_path):
