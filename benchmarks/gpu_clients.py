@@ -3,8 +3,10 @@
 Work: FeDepth's client setting (Zhang et al., AAAI 2024): CIFAR-10, PreResNet-20, 500 samples per
 client (IID shards), 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 32 or 64.
 
-1. `setting`: LocalBackend, one client after the other, 10 clients per round, batch 32 and 64:
-   client-rounds per second and the GPU's mean utilisation (NVML) over the steady rounds.
+1. `setting`: LocalBackend, one client after the other, 10 clients per round, batch 32 and 128 (the
+   paper's), each with cuDNN and without it (`backend.cudnn`; hfl trains budgeted clients without it,
+   whose convolutions then unfold one image at a time): client-rounds per second and the GPU's mean
+   utilisation (NVML) over the steady rounds.
 2. `concurrency`: 16 clients per round with n = 1, 2, 4, 8, 16 clients at once, batch 32, by
    - `batched`: LocalBackend with `backend.batch_clients=n` (one vectorised model, torch.func);
    - `ray`: RayBackend with n actors, each reserving 1/n of the GPU (`backend.num_gpus_per_client`);
@@ -139,11 +141,14 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(results, indent=1))
 
     if not args.skip_setting:
-        for batch in (32, 64):
-            found = run(config(args.data, args.device, args.clients, min(10, args.clients), batch, args.rounds, {}), args.device)
-            found.pop("state")
-            results["setting"].append({"batch": batch, **found})
-            log(f"setting batch {batch}: {found['client_rounds_per_s']:.2f} client-rounds/s, utilisation {found['gpu_utilisation']}")
+        for batch in (32, 128):
+            for cudnn in ("on", "off"):
+                found = run(config(args.data, args.device, args.clients, min(10, args.clients), batch, args.rounds, {"cudnn": cudnn}),
+                            args.device)
+                found.pop("state")
+                results["setting"].append({"batch": batch, "cudnn": cudnn, **found})
+                log(f"setting batch {batch}, cuDNN {cudnn}: {found['client_rounds_per_s']:.2f} client-rounds/s, "
+                    f"utilisation {found['gpu_utilisation']}")
 
     sequential = run(config(args.data, args.device, args.clients, min(16, args.clients), 32, args.rounds, {}), args.device)
     base = sequential["client_rounds_per_s"]
