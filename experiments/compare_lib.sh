@@ -4,9 +4,10 @@
 #   run_method NAME CONFIG [overrides...]           # into OUT/NAME, or OUT/NAME-seed<k> with several seeds;
 #                                                   # a finished run is kept, an interrupted one resumed
 #   write_report                                    # OUT/report; several seeds: mean ± std per method
-# HFL_PARALLEL=1 starts every new run at once in the background (runs sharing one GPU), each logging to
-# OUT/NAME.log and, with HFL_RUN_LIMIT=SECONDS, stopped after that long (its metrics.jsonl keeps every
-# round it reached; the script run again resumes it); write_report waits for them.
+# HFL_PARALLEL=N runs up to N runs at once in the background (runs sharing one GPU; one per CPU core at
+# most: each needs a core), each logging to OUT/NAME.log and, with HFL_RUN_LIMIT=SECONDS, stopped after
+# that long (its metrics.jsonl keeps every round it reached; the script run again resumes it);
+# write_report waits for them.
 seeds=(0)
 runs=()
 overrides=()
@@ -96,17 +97,19 @@ run_method() {
     [ "${#seeds[@]}" -gt 1 ] && dir="$out/$name-seed$seed"
     if [ -f "$dir/summary.json" ]; then  # finished before: running the script again completes an interrupted comparison
       echo "$dir: done before, kept"
-    elif [ -f "$dir/checkpoint.pt" ]; then
-      hfl run --resume "$dir" "$@"
+      runs+=("$dir")
+      continue
+    fi
+    local run=(hfl run --resume "$dir" "$@")
+    # One wandb group per comparison (a no-op unless logging.wandb=true); the caller's overrides come after
+    [ -f "$dir/checkpoint.pt" ] || run=(hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir")
+    if [ -n "${HFL_PARALLEL:-}" ]; then
+      [[ $HFL_PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: HFL_PARALLEL=$HFL_PARALLEL is not a number of runs >= 1" >&2; exit 2; }
+      while [ "$(jobs -rp | wc -l)" -ge "$HFL_PARALLEL" ]; do wait -n || true; done  # a failed or cut run frees its place too
+      mkdir -p "$(dirname "$dir")"
+      ${HFL_RUN_LIMIT:+timeout "$HFL_RUN_LIMIT"} "${run[@]}" > "$dir.log" 2>&1 &
     else
-      # One wandb group per comparison (a no-op unless logging.wandb=true); the caller's overrides come after
-      local run=(hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir")
-      if [ -n "${HFL_PARALLEL:-}" ]; then
-        mkdir -p "$(dirname "$dir")"
-        ${HFL_RUN_LIMIT:+timeout "$HFL_RUN_LIMIT"} "${run[@]}" > "$dir.log" 2>&1 &
-      else
-        "${run[@]}"
-      fi
+      "${run[@]}"
     fi
     runs+=("$dir")
   done

@@ -1,6 +1,7 @@
 """The comparison scripts (`experiments/*/compare.sh`): which runs they start with `--seeds`, and
 the per-model overrides they add, checked with a stand-in `hfl` on PATH that records its calls."""
 
+import itertools
 import os
 import subprocess
 from pathlib import Path
@@ -19,7 +20,9 @@ def calls_of(script, tmp_path, *args, env=None):
     fake = tmp_path / "bin" / "hfl"
     fake.parent.mkdir(exist_ok=True)
     log = tmp_path / "calls.txt"
-    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = run ] && sleep "${{FAKE_RUN_SECONDS:-0}}"\n'
+    # A run sleeps FAKE_RUN_SECONDS between "start" and "end" in `events.txt`, then logs its call.
+    events = tmp_path / "events.txt"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = run ] && echo start >> {events} && sleep "${{FAKE_RUN_SECONDS:-0}}" && echo end >> {events}\n'
                     f'line=$(printf "%s\\t" "$@")\necho "$line" >> {log}\n')
     fake.chmod(0o755)
     env = {**os.environ, **(env or {}), "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
@@ -51,12 +54,39 @@ def test_parallel_runs_start_the_same_runs_and_report_after_them(tmp_path):
     script = ROOT / "experiments" / "fedepth_table2" / "compare.sh"
     one_by_one = calls_of(script, tmp_path, "--seeds", "0,1", "fl.rounds=1")
     (tmp_path / "calls.txt").unlink()
-    at_once = calls_of(script, tmp_path, "--seeds", "0,1", "fl.rounds=1", env={"HFL_PARALLEL": "1", "HFL_RUN_LIMIT": "60", "FAKE_RUN_SECONDS": "0.5"})
+    at_once = calls_of(script, tmp_path, "--seeds", "0,1", "fl.rounds=1", env={"HFL_PARALLEL": "14", "FAKE_RUN_SECONDS": "0.5"})
     assert sorted(at_once[:-1]) == sorted(one_by_one[:-1]) and at_once[-1] == one_by_one[-1]
     assert (tmp_path / "out" / "fedepth-seed1.log").is_file()
+
+
+def test_parallel_runs_stay_within_their_number_and_limit(tmp_path):
+    script = ROOT / "experiments" / "fedepth_table2" / "compare.sh"
+    calls_of(script, tmp_path, env={"HFL_PARALLEL": "3", "FAKE_RUN_SECONDS": "0.3"})
+    running = list(itertools.accumulate(1 if e == "start" else -1 for e in (tmp_path / "events.txt").read_text().split()))
+    assert len(running) == 14 and max(running) == 3  # the 7 runs, never more than 3 at once
     (tmp_path / "calls.txt").unlink()
-    cut = calls_of(script, tmp_path, env={"HFL_PARALLEL": "1", "HFL_RUN_LIMIT": "1", "FAKE_RUN_SECONDS": "5"})
+    cut = calls_of(script, tmp_path, env={"HFL_PARALLEL": "7", "HFL_RUN_LIMIT": "1", "FAKE_RUN_SECONDS": "5"})
     assert [c[0] for c in cut] == ["report"]  # every run stopped before it finished
+
+
+@pytest.mark.parametrize("parallel", [None, "2"])
+def test_a_finished_run_is_kept_and_an_interrupted_one_resumed(tmp_path, parallel):
+    out = tmp_path / "out"
+    (out / "fedepth").mkdir(parents=True)
+    (out / "fedepth" / "summary.json").write_text("{}")
+    (out / "heterofl").mkdir()
+    (out / "heterofl" / "checkpoint.pt").write_bytes(b"")
+    calls = calls_of(ROOT / "experiments" / "fedepth_table2" / "compare.sh", tmp_path, "fl.rounds=1",
+                     env={"HFL_PARALLEL": parallel} if parallel else None)
+    assert not any(c[-1] == str(out / "fedepth") for c in calls[:-1])
+    assert ["run", "--resume", str(out / "heterofl"), "fl.rounds=1"] in calls
+    assert {str(out / "fedepth"), str(out / "heterofl")} <= set(calls[-1])
+
+
+def test_parallel_must_be_a_number_of_runs(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        calls_of(ROOT / "experiments" / "fedepth_table2" / "compare.sh", tmp_path, env={"HFL_PARALLEL": "yes"})
+    assert failed.value.returncode == 2 and b"HFL_PARALLEL=yes" in failed.value.stderr
 
 
 def test_one_seed_keeps_one_folder_per_method(tmp_path):
