@@ -266,8 +266,11 @@ class BackendConfig:
     """On CUDA, whether convolutions use cuDNN: on, off, or auto (off exactly when clients have memory
     budgets). cuDNN allocates workspace that is no tensor and that its algorithm choice sizes: on an
     H200 it took measured peaks up to 3.3x the estimate (FeDepth's first block at batch 128: 191.5 vs
-    58.6 MiB); without it the measured peaks were within 6 % of the estimate. Budgets are measured
-    and capped as the estimate counts them; 'on' keeps cuDNN's faster convolutions."""
+    58.6 MiB); without it the measured peaks were within 3.3 % of the estimate (H100). Budgets are
+    measured and capped as the estimate counts them. Without cuDNN, PyTorch's CUDA convolution
+    unfolds and multiplies one image at a time (a GEMM per image and layer), which is slower; how much
+    is not measured yet (`benchmarks/gpu_clients.py` compares). 'on' keeps cuDNN's convolutions; under
+    Ray's per-client cap, PyTorch shrinks cuDNN's workspace when it does not fit."""
     trainer: str = "fast"
     """Client loop: fast (hfl's lean driver of the client module's Lightning hooks; never imports
     Lightning) or lightning (the module as a LightningModule under lightning.Trainer; same results, slower)."""
