@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of hfl in one go, for a machine with CUDA (CI never runs it):
 #   1. the memory-accounting table (estimate vs torch.cuda.max_memory_allocated), with cuDNN off as
-#      hfl trains budgeted clients, and with it on for the workspace it adds,
+#      hfl trains budgeted clients, and with it on for the workspace it adds; what the allocator holds
+#      at the ViT's peak (the rows still above the estimate),
 #   2. the tests marked gpu,
 #   3. hfl's LocalBackend vs a plain PyTorch loop on the GPU,
 #   4. clients per second at FeDepth's client setting, and several clients at once on one GPU,
@@ -39,9 +40,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 step memory 150 "$PY" benchmarks/memory_accuracy.py --device cuda --json "$OUT/memory.json"
 step memory_cudnn 40 "$PY" benchmarks/memory_accuracy.py --device cuda --cudnn on --kinds whole,fedepth --json "$OUT/memory_cudnn.json"
+step trace 40 "$PY" benchmarks/cuda_peak_trace.py --model vit --width 1 --batch 32  # what the ViT's unexplained MiB are
 step tests 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors  # modules that import Ray fail to collect where it is missing
 step throughput 60 "$PY" benchmarks/throughput.py --device cuda --repeats 2 --rounds 10  # both drivers: fast and lightning
-step clients 200 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --json "$OUT/clients.json" $RAY
+step clients 160 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --json "$OUT/clients.json" $RAY
 [ -z "$RAY" ] || step budget_run 50 "$PY" benchmarks/gpu_budget_run.py
 
 echo "failed steps: ${failed[*]:-none}"
