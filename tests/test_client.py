@@ -75,6 +75,7 @@ def test_methods_that_cannot_train_together_run_one_by_one_unchanged(tmp_path):
     assert strip(runs[1]) == strip(runs[4])
 
 
+@pytest.mark.slow
 def test_training_a_client_with_the_fast_driver_does_not_import_lightning():
     # Lightning costs about a second of import and 250 MiB per Ray actor; only `trainer=lightning`
     # needs it. A fresh interpreter, since this test session may have imported it already.

@@ -1,6 +1,7 @@
 """FL-PQSU as FedMef compares with it: one-shot magnitude pruning of the initial model, then FedAvg
 with the mask fixed."""
 
+import pytest
 import torch
 
 from hfl.accounting.cost import tensor_bytes
@@ -20,6 +21,7 @@ def test_magnitude_masks_keep_each_layers_largest_entries():
         assert kept.min() >= dropped.max()
 
 
+@pytest.mark.slow
 def test_the_mask_never_changes_pruned_weights_stay_zero_kept_ones_move_and_uploads_are_sparse(tmp_path, monkeypatch):
     config = small_config(method={"name": "flpqsu", "sparsity": 0.8}, model={"name": "preresnet20"}, fl={"rounds": 3, "clients": 4, "fraction": 1.0})
     summary, env, final = run_with_env(config, tmp_path, monkeypatch)

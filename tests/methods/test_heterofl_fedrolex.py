@@ -31,6 +31,7 @@ def assert_same_weights(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("norm", "weighting"), [("bn", "samples"), ("static_bn", "clients")])
 def test_heterofl_at_width_one_is_fedavg_bit_for_bit(tmp_path, norm, weighting):
     """On PreResNet-20 (batch norms in every block): with the same `model.norm` and the same

@@ -118,7 +118,8 @@ def test_every_method_resumes_exactly_in_a_fresh_process(tmp_path):
         assert without_timings(read_metrics(tmp_path / "resumed" / method)) == straight, method
 
 
-@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "mfedepth" else m  # ~5 s: its peer models
+                                    for m in METHODS.names()])
 def test_specs_load_strictly_and_equal_shapes_hold_equal_keys(tmp_path, method):
     """What every spec a method evaluates or hands a client receives (`client_state`) loads strictly
     into the model built for it, and specs of one shape (rolled windows, other bases, other rounds)

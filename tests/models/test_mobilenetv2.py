@@ -113,6 +113,7 @@ def test_analytic_costs_equal_the_built_models() -> None:
     assert costs.flops(0.5, 18, frozenset()) == forward_flops(narrow, torch.randn(1, 3, 32, 32))
 
 
+@pytest.mark.slow
 def test_heterofl_round_on_digits(tmp_path) -> None:
     """Width sub-models of the CIFAR variant train and are scored on 8x8 digits."""
     config = small_config(model={"name": "mobilenetv2", "width": 0.25}, method={"name": "heterofl"},
