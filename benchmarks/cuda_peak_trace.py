@@ -35,7 +35,7 @@ def origin(event: dict[str, Any]) -> str:
     """Where an allocation came from: hfl's innermost Python frames and the innermost ATen function."""
     frames = event.get("frames", [])
     python = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in frames
-              if f["filename"].endswith(".py") and "/torch/" not in f["filename"]][:3]
+              if f["filename"].endswith(".py") and "torch" not in Path(f["filename"]).parts][:3]
     native = [f["name"] for f in frames if any(k in f["name"] for k in KERNEL_FRAMES)][:1]
     return " <- ".join(python) + (f"  [{native[0][:140]}]" if native else "")
 
@@ -45,6 +45,7 @@ def alive_at_peak(trace: list[dict[str, Any]]) -> tuple[int, int, list[dict[str,
     allocated during the recording: allocations count from `alloc` to `free_requested`."""
     live: dict[int, dict[str, Any]] = {}
     total = peak = at = 0
+    alive: list[dict[str, Any]] = []
     for i, event in enumerate(trace):
         if event["action"] == "alloc":
             live[event["addr"]] = event
@@ -52,14 +53,8 @@ def alive_at_peak(trace: list[dict[str, Any]]) -> tuple[int, int, list[dict[str,
         elif event["action"] == "free_requested" and event["addr"] in live:
             total -= live.pop(event["addr"])["size"]
         if total > peak:
-            peak, at = total, i
-    alive: dict[int, dict[str, Any]] = {}
-    for event in trace[: at + 1]:
-        if event["action"] == "alloc":
-            alive[event["addr"]] = event
-        elif event["action"] == "free_requested":
-            alive.pop(event["addr"], None)
-    return peak, at, list(alive.values())
+            peak, at, alive = total, i, list(live.values())
+    return peak, at, alive
 
 
 def main() -> None:
