@@ -21,6 +21,10 @@ parse_comparison() {
     shift 2
   fi
   overrides=("$@")
+  if [ -n "${HFL_PARALLEL:-}" ] && ! [[ $HFL_PARALLEL =~ ^[1-9][0-9]*$ ]]; then
+    echo "compare.sh: HFL_PARALLEL=$HFL_PARALLEL is not a number of runs >= 1" >&2
+    exit 2
+  fi
 }
 
 # CAFF's grids: OUT/costs/METHOD.json, each member's level costs for CONFIG (kept when there already).
@@ -104,7 +108,6 @@ run_method() {
     # One wandb group per comparison (a no-op unless logging.wandb=true); the caller's overrides come after
     [ -f "$dir/checkpoint.pt" ] || run=(hfl run "$config" "logging.wandb_group=$(basename "$out")" "$@" "seed=$seed" --out "$dir")
     if [ -n "${HFL_PARALLEL:-}" ]; then
-      [[ $HFL_PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: HFL_PARALLEL=$HFL_PARALLEL is not a number of runs >= 1" >&2; exit 2; }
       while [ "$(jobs -rp | wc -l)" -ge "$HFL_PARALLEL" ]; do wait -n || true; done  # a failed or cut run frees its place too
       mkdir -p "$(dirname "$dir")"
       ${HFL_RUN_LIMIT:+timeout "$HFL_RUN_LIMIT"} "${run[@]}" > "$dir.log" 2>&1 &
