@@ -1,4 +1,5 @@
-"""Clients trained together (one vectorised model) against clients trained one by one."""
+"""Client training: clients trained together (one vectorised model) against clients trained one by
+one, and a client-round that does not depend on what its process ran before."""
 
 import subprocess
 import sys
@@ -109,3 +110,15 @@ def test_training_together_is_training_one_by_one_on_cuda(float64):
     for a, b in zip([env.train(state, t) for t in tasks], env.train_together(state, tasks), strict=True):
         for key in a.state:
             assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-10), key
+
+
+def test_a_client_round_does_not_depend_on_what_the_process_drew_before():
+    # m-FeDepth initialises its peer models from the global generator: seeded by the client-round,
+    # they are the same whichever clients this process trained before.
+    env, state, tasks = environment_and_tasks(clients=1, method={"name": "mfedepth"}, model={"name": "preresnet20"})
+    first = env.train(state, tasks[0])
+    torch.rand(1000)
+    again = env.train(state, tasks[0])
+    for key in first.state:
+        assert torch.equal(first.state[key], again.state[key]), key
+
