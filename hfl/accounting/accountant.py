@@ -67,14 +67,22 @@ class Accountant:
     _cache: dict[Hashable, TrainingCost] = field(default_factory=dict)
 
     def measure(
-        self, model: nn.Module, batch_size: int, step: Step = cross_entropy_step, *, count_flops: bool = True, record_only: str | None = None
+        self,
+        model: nn.Module,
+        batch_size: int,
+        step: Step = cross_entropy_step,
+        *,
+        count_flops: bool = True,
+        record_only: str | None = None,
+        in_place: bool = False,
     ) -> TrainingCost:
         """Measure training `model` as this experiment's clients train (its input shape, classes,
-        optimiser and weight decay); uncached."""
+        optimiser and weight decay); uncached. `in_place`: train `model` itself, not a copy (see
+        `measure_training_cost`), as the cached costs do with the models they build."""
         return measure_training_cost(
             model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
             record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay, input_dtype=self.input_dtype,
-            conv_workspace=self.conv_workspace,
+            conv_workspace=self.conv_workspace, in_place=in_place,
         )
 
     def zero_inputs(self, size: int) -> Tensor:
@@ -88,12 +96,12 @@ class Accountant:
         trains) with `step`, measured the first time `key` is asked for at this batch size. A
         method's key names its model and step within the method (e.g. `("client", shape, frozen)`)."""
         return self._cached("method", key, batch_size, count_flops,
-                            lambda: self.measure(build(), batch_size, step, count_flops=count_flops))
+                            lambda: self.measure(build(), batch_size, step, count_flops=count_flops, in_place=True))
 
     def plain_cost(self, width: float, batch_size: int) -> TrainingCost:
         """Training the plain model at `width` (what a `width:` budget means, for every method alike)."""
         return self._cached("plain", ("plain", width), batch_size, True,
-                            lambda: self.measure(self.build(width), batch_size))
+                            lambda: self.measure(self.build(width), batch_size, in_place=True))
 
     def block_cost(self, block: int, batch_size: int, width: float = 1.0) -> TrainingCost:
         """Training body block `block` alone (FeDepth's unit, as its Table 1 counts it): the other
@@ -103,7 +111,7 @@ class Accountant:
             model.requires_grad_(False)
             model.body[block].requires_grad_(True)
             model.head.requires_grad_(True)
-            return self.measure(model, batch_size, record_only=f"body.{block}")
+            return self.measure(model, batch_size, record_only=f"body.{block}", in_place=True)
 
         return self._cached("plain", ("block", block, width), batch_size, True, measured)
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.flops import FlopCounterMode
+from hfl.accounting.flops import TotalFlopCounterMode
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
@@ -159,7 +159,7 @@ def _train_step(
     step: Step,
     opt: torch.optim.Optimizer | None,
     saving: contextlib.AbstractContextManager = contextlib.nullcontext(),
-    counter: FlopCounterMode | None = None,
+    counter: TotalFlopCounterMode | None = None,
 ) -> tuple[int, int]:
     """One training step as a client runs it (zero_grad, forward under `saving`, backward,
     optimiser step); with `counter`, the forward and backward FLOPs it counts around those two."""
@@ -221,7 +221,7 @@ def _measure_steps(
         with tracker:
             tracker.hold(held)
             del held
-            counter = FlopCounterMode(display=False) if count_flops else None
+            counter = TotalFlopCounterMode() if count_flops else None
             saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
             forward, backward = _train_step(model, x, y, step, opt, saving, counter)
     finally:
@@ -264,6 +264,7 @@ def measure_training_cost(
     weight_decay: float = 0.0,
     input_dtype: torch.dtype = torch.float32,
     conv_workspace: bool = False,
+    in_place: bool = False,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
     `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
@@ -272,10 +273,12 @@ def measure_training_cost(
     activations, the batch), not a timeline. Without `count_flops` the FLOPs are reported as 0 (for
     searches over many shapes). With `conv_workspace` the peak also counts the largest convolution's
     unfolded input (`conv_workspace_bytes`), which CUDA allocates outside torch's tensors when cuDNN
-    is off, as hfl trains clients with budgets. The model is copied: its weights and statistics stay unchanged."""
+    is off, as hfl trains clients with budgets. The model is copied, so its weights and statistics stay
+    unchanged; `in_place` trains `model` itself instead (one built for this measurement alone; not
+    copying a PreResNet-20 makes measuring it about 10 % faster)."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_COPIES)}, got {optimizer!r}")
-    probe = copy.deepcopy(model).train()
+    probe = (model if in_place else copy.deepcopy(model)).train()
     region = probe.get_submodule(record_only) if record_only else None
     gen = torch.Generator().manual_seed(0)
 

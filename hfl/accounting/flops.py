@@ -9,6 +9,8 @@ attention cost nothing. Importing this module registers torch's own formulas for
 torch's, they count the full score matrix also under a causal mask.
 
 Import `FlopCounterMode` from here rather than from torch, so the registration has happened.
+`TotalFlopCounterMode` counts the same FLOPs without attributing them to modules, for the callers
+that only read the total.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-__all__ = ["FlopCounterMode", "attention_backward_flops", "attention_flops"]
+__all__ = ["FlopCounterMode", "TotalFlopCounterMode", "attention_backward_flops", "attention_flops"]
 
 aten = torch.ops.aten
 CPU_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu
@@ -50,3 +52,27 @@ if CPU_ATTENTION not in flop_registry:
     register_flop_formula(CPU_ATTENTION)(attention_flops)
 if CPU_ATTENTION_BACKWARD not in flop_registry:
     register_flop_formula(CPU_ATTENTION_BACKWARD)(attention_backward_flops)
+
+
+class _EverythingGlobal:
+    """Stands in for `FlopCounterMode`'s module tracker: every operation runs in "Global" alone."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _EverythingGlobal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class TotalFlopCounterMode(FlopCounterMode):
+    """torch's `FlopCounterMode` for the total alone (`get_total_flops`): the same operations and
+    formulas, every count under "Global". torch's counter also attributes each count to the modules
+    running it, through a tracker that hooks every module's forward and registers a gradient hook on
+    every output; leaving it out makes measuring a PreResNet-20's training cost about 15 % faster, and
+    hfl's costs never read it."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+        self.mod_tracker = _EverythingGlobal()

@@ -83,6 +83,15 @@ def test_measurement_leaves_the_model_untouched():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_measuring_in_place_costs_what_measuring_a_copy_does():
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 3)).eval()
+
+    copied = measure_training_cost(model(), (1, 8, 8), 3, 16)
+    assert measure_training_cost(model(), (1, 8, 8), 3, 16, in_place=True) == copied  # trained in train mode like the copy
+
+
 def test_real_model_cost_grows_with_batch_and_width():
     from hfl.models import build_model
 

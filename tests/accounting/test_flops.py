@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl.accounting.cost import measure_training_cost
-from hfl.accounting.flops import CPU_ATTENTION, FlopCounterMode
+from hfl.accounting.flops import CPU_ATTENTION, FlopCounterMode, TotalFlopCounterMode
 from hfl.models.gpt import GPT
 
 
@@ -31,3 +31,16 @@ def test_gpt_forward_flops_are_its_linear_layers_and_its_attention():
     linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
     assert cost.forward_flops_per_sample == 2 * s * linear + 4 * heads * s * s * (dim // heads)
     assert cost.input_bytes == 4 * (8 * s + 8 * s)  # int64 ids and a target id per position
+
+
+def test_the_total_only_counter_counts_what_torchs_counter_counts():
+    torch.manual_seed(0)
+    models = [(GPT(20, dim=12, depth=2, heads=3, context=16), torch.randint(0, 20, (2, 10))),
+              (nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)), torch.randn(2, 3, 8, 8))]
+    for model, x in models:
+        counts = []
+        for counter in (FlopCounterMode(display=False), TotalFlopCounterMode()):
+            with counter:
+                model(x).sum().backward()
+            counts.append(counter.get_total_flops())
+        assert counts[0] == counts[1] > 0
