@@ -475,8 +475,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def is_override(arg: str) -> bool:
+    """Whether a command-line word is a key=value override (an option such as --out=DIR is not)."""
+    return "=" in arg and not arg.startswith("-")
+
+
+def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments. argparse hands a command its positional arguments once, before
+    its first option, so the overrides of `hfl run CONFIG --out DIR fl.rounds=3` would come back
+    unrecognised: every key=value left over joins the command's overrides, in the order written."""
+    command_line = parser()
+    args, unknown = command_line.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *filter(is_override, unknown)]
+        unknown = [arg for arg in unknown if not is_override(arg)]
+    if unknown:
+        command_line.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_command_line(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from hfl.errors import ConfigError, DataNotFoundError
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from hfl.cli import human_bytes, human_flops, main
+from hfl.cli import human_bytes, human_flops, main, parse_command_line
 from hfl.config import config_from_dict, load_config
 from tests.conftest import QUICKSTART, ROOT, cli_env
 from tests.golden.recorded import require_recorded_builds
@@ -57,6 +57,19 @@ def test_config_prints_the_resolved_config_under_each_fields_documentation(capsy
     assert lines[lines.index("  lr_decay: 0.1") - 1] == "  # Factor of each step of the step schedule."  # a default, filled
     undocumented = [line for line, above in zip(lines[1:], lines) if not line.lstrip().startswith("#") and not above.lstrip().startswith("#")]
     assert undocumented == ["data:", "model:", "fl:", "budgets:", "backend:", "logging:"]  # sections: their fields are
+
+
+@pytest.mark.parametrize("command", [["run", "exp.yaml"], ["tune", "space.yaml"]])
+def test_overrides_written_after_an_option_are_overrides(command):
+    args = parse_command_line([*command, "fl.rounds=3", "--out", "runs/x", "data.alpha=0.3", "fl.lr=0.1"])
+    assert args.out == "runs/x" and args.overrides == ["fl.rounds=3", "data.alpha=0.3", "fl.lr=0.1"]
+
+
+def test_an_unknown_option_after_the_overrides_is_still_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_command_line(["run", "exp.yaml", "--out", "runs/x", "fl.rounds=3", "--rounds=3"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.endswith("hfl: error: unrecognized arguments: --rounds=3\n")
 
 
 def test_version_comes_from_the_package_metadata(capsys):
