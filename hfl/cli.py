@@ -436,7 +436,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted overrides such as fl.rounds=3 data.alpha=0.3")
     run.add_argument("--out", help="output folder (default runs/NAME-TIMESTAMP)")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, with the config saved there "
-                     "(overrides may change fl.rounds, paths, logging and device)")
+                     "(overrides may change fl.rounds, fl.eval_mode, paths, logging, backend.device and backend.trainer)")
     run.set_defaults(func=command_run)
     pre = sub.add_parser("pretrain", help="pretrain a family of tiny transformers: hfl pretrain CONFIG [key=value ...] "
                          "(run it again to resume)")

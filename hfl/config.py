@@ -110,7 +110,8 @@ class ModelConfig:
     norm: str = "auto"
     """Normalisation: bn (running statistics), static_bn (batch statistics only, as in HeteroFL), none
     (no normalisation layers, ReLU -> conv, as FedMef's NSConv models; not for the ViT, whose layer
-    norms stay), or auto (the method's choice: static_bn for HeteroFL and FedRolex, bn otherwise)."""
+    norms stay), or auto (the method's choice: static_bn for HeteroFL, FedRolex, FedDF and ScaleFL,
+    none for FedMef, bn otherwise)."""
     pretrained: str = ""
     """Weights to start from. `FAMILY:L` (e.g. lm_cpu:3): the member with L blocks of a transformer
     family `hfl pretrain` wrote to `<data.cache_dir>/pretrained/FAMILY/` (gpt*, vit* models; shapes
@@ -290,7 +291,7 @@ class BackendConfig:
     vectorised model (torch.func.vmap); 1 trains one after the other. Faster for small models on a
     GPU and on the CPU alike. Only for methods whose client loss is plain cross-entropy in one stage
     (FedAvg, FedAvg x r); others run one by one. Equal to sequential training up to float rounding
-    (see the README)."""
+    (see docs/performance.md)."""
     client_timeout_s: float = 0.0
     """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""
     actor_start_timeout_s: float = 300.0

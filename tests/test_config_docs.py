@@ -54,3 +54,13 @@ def test_describe_writes_docs_as_comments_and_names_a_changed_default():
                      "# Rates.", "# allowed: rates in (0, 1]", "rates: [1.0]",
                      "flag: false"]
     assert describe(FLConfig())[:2] == ["# Communication rounds.", "rounds: 20"]
+
+
+def test_model_norm_auto_names_every_method_that_chooses_another_norm_than_bn():
+    from hfl.config import ModelConfig
+    from hfl.registry import METHODS
+
+    doc = field_docs(ModelConfig)["norm"].lower()
+    for name in METHODS.names():
+        norm = METHODS.get(name).preferred_norm
+        assert norm == "bn" or (name in doc and norm in doc), (name, norm)

@@ -40,7 +40,7 @@ class MethodConfig:
     weighting: str = "samples"
     """How the masked mean weighs a client's update: by its sample count ('samples', FedAvg) or each
     client once ('clients', HeteroFL's per-entry count of the clients that hold it). Each method
-    defaults to what its paper does (README's method table)."""
+    defaults to what its paper does (the method table in docs/methods.md)."""
 
     def __post_init__(self) -> None:
         check_choice("weighting", self.weighting, WEIGHTINGS)
