@@ -74,13 +74,6 @@ def keep_copy(model: nn.Module, name: str) -> None:
             module.keep_only(name)
 
 
-def select_copy(model: nn.Module, name: str) -> None:
-    """Run every copy set of `model` with its copy `name`."""
-    for module in model.modules():
-        if isinstance(module, Copies):
-            module.active = name
-
-
 def nefl_do_step_sizes(num_blocks: int, omitted: Iterable[int]) -> list[float]:
     """NeFL-DO's initial step sizes for a body of `num_blocks` blocks of which `omitted` are skipped.
 
