@@ -79,11 +79,6 @@ def fitting_members(costs: dict, memory: int, upload: int, flops: int, level: st
     return sorted(fitting, reverse=True)
 
 
-def deepest_fitting(costs: dict, memory: int, upload: int, flops: int, level: str = "smallest") -> int | None:
-    """The deepest of `fitting_members`; None when no member fits."""
-    return next(iter(fitting_members(costs, memory, upload, flops, level)), None)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?")
