@@ -8,8 +8,8 @@ backward, the gradients of activations. The peak is the largest total at any mom
 held throughout (weights, one input batch). Tracking only the second step gives the same peaks as
 tracking both (the golden runs' estimates are unchanged) in about 10 % less time of a run.
 Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`), for the
-breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, with the CPU attention
-kernels counted too (`hfl.accounting.flops`).
+breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode` (its total alone:
+`TotalFlopCounterMode`), with the CPU attention kernels counted too (`hfl.accounting.flops`).
 
 The batch is what the experiment's clients read: standard-normal float inputs of `input_shape`
 (C, H, W) and a class each for images, or token ids of `input_shape` (the sequence) with a target
