@@ -102,9 +102,10 @@ def test_a_rank_r_client_holds_the_first_r_components_and_computes_the_truncated
     model with every adapter cut to its first component."""
     method, _ = hetlora_over("gpt", ranks=[1, 3])
     state = method.initial_global_state()
+    draw = torch.Generator().manual_seed(0)
     for key in state:
         if key.endswith("lora_B"):
-            state[key] = torch.randn_like(state[key])
+            state[key] = torch.randn(state[key].shape, generator=draw)
     spec = method.ladder["r1"].spec
     held = extract(state, spec)
     a, b = "body.1.attn.q.lora_A", "body.1.attn.q.lora_B"
@@ -117,6 +118,10 @@ def test_a_rank_r_client_holds_the_first_r_components_and_computes_the_truncated
             truncated[key] = torch.cat([state[key][:, :1], torch.zeros_like(state[key][:, 1:])], dim=1)
     whole = method.client_model(full_spec())
     whole.load_state_dict(truncated)
+    # In float64 the two models agree to rounding whatever the draw; float32 rounding, amplified
+    # through the blocks, reached 4.5e-5 on some draws (a CI failure when the draw was unseeded).
+    client.double()
+    whole.double()
     x = MODELS["gpt"][1]()
     torch.testing.assert_close(client(x), whole(x))
 
