@@ -7,18 +7,22 @@ parameter by NeFedAvg.
 Sub-models. `method.gammas` are target parameter ratios (default 0.2, 0.4, 0.6, 0.8, 1).
 - NeFL-W (`scaling=w`): the width ratio whose sub-model holds the target share of the parameters
   (every layer scaled alike, channels kept from the front as in HeteroFL/FjORD).
-- NeFL-D (`scaling=d`): blocks are omitted until the parameter ratio is met, and no more than
-  needed: of all sets of blocks whose omission meets it, the one leaving the most parameters (the
-  paper picks its sub-models by hand to match the ratios, Table 8). Among blocks of equal size the
+- NeFL-D (`scaling=d`): blocks omitted until the parameter ratio is met. On the models the paper
+  tabulates (ResNet-18/34/56/110 at gammas 0.2-1, Tables 10-12 and 14; vit_tiny, the 12-block
+  ViT, at 0.5/0.75/1, Table 13) each sub-model omits exactly the blocks the authors picked by hand
+  (`omit=auto`, the default, or `paper`; `hfl.methods.nefl_tables`); they keep different numbers
+  of blocks per stage and need not nest. Elsewhere (`omit=params`): of all sets of blocks whose
+  omission meets the ratio, the one leaving the most parameters. Among blocks of equal size the
   last block of each stage goes first, deepest stage first (later blocks refine what earlier ones
-  computed; the paper's ResNet-56 sub-models keep each stage's first blocks), stage-opening blocks
-  last (a block that changes the feature shape keeps its projection shortcut, as the paper's
-  ResNet-18 sub-models do). These sets need not nest (a larger sub-model may drop a stage opener's
-  branch that a smaller one keeps). `omit=per_stage` is the authors' rule for ResNet-56/110
-  (Table 12): every stage keeps the same number of leading blocks, the number whose parameter share
-  is closest to gamma_D (NeFL-WD: among those holding at least gamma), so the sub-models nest.
-- NeFL-WD (`scaling=wd`): gamma = gamma_W * gamma_D with gamma_D = gamma^depth_exponent (balanced
-  by default), the width then solved for the whole sub-model to hold gamma of the parameters.
+  computed), stage-opening blocks last (a block that changes the feature shape keeps its
+  projection shortcut, as the paper's ResNet-18 sub-models do). These sets need not nest either.
+  `omit=per_stage`: every stage keeps the same number of leading blocks, the number whose
+  parameter share is closest to gamma_D (NeFL-WD: among those holding at least gamma), so the
+  sub-models nest, as the paper's ResNet-56 NeFL-WD table does.
+- NeFL-WD (`scaling=wd`): gamma = gamma_W * gamma_D; the blocks are the paper's where it has a
+  table (ResNet-18's scales only its smallest sub-model in depth, ResNet-110's keeps each stage's
+  last block), elsewhere gamma_D = gamma^depth_exponent (balanced by default); the width is then
+  solved for the whole sub-model to hold gamma of the parameters.
 Step sizes start at 1 (NeFL-D) or, with `initial_steps=do`, a kept block followed by k omitted ones
 starts at k + 1 (NeFL-DO); `learnable_steps=false` keeps them at their initial values (N/L).
 
@@ -48,6 +52,7 @@ from torch import nn
 from hfl.accounting.analytic import held_parameters
 from hfl.errors import ConfigError, check, check_choice
 from hfl.methods.base import LadderConfig, Method, Resources
+from hfl.methods.nefl_tables import KeptBlocks, covered, paper_table
 from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy, nefl_do_step_sizes
@@ -67,7 +72,7 @@ log = logging.getLogger(__name__)
 
 SCALINGS = ("w", "d", "wd")
 INITIAL_STEPS = ("ones", "do")
-OMISSIONS = ("params", "per_stage")
+OMISSIONS = ("auto", "paper", "params", "per_stage")
 
 
 @dataclass(frozen=True)
@@ -85,11 +90,12 @@ class NeFLConfig(LadderConfig):
     """'ones' (NeFL-D) or 'do' (NeFL-DO: a kept block followed by k omitted ones starts at k + 1)."""
     inconsistent: bool = True
     """Keep batch norms and step sizes per sub-model (False: everything averaged by NeFedAvg)."""
-    omit: str = "params"
-    """Which blocks depth scaling omits: 'params' (of all sets meeting the parameter ratio, the one
-    leaving the most parameters; the default, as the paper's hand-picked ResNet-18 sub-models) or
+    omit: str = "auto"
+    """Which blocks depth scaling omits: 'paper' (the paper's hand-picked sub-models, Tables 10-14:
+    ResNet-18/34/56/110 NeFL-D and NeFL-WD at gammas 0.2-1, vit_tiny NeFL-D at 0.5, 0.75, 1),
+    'params' (of all sets meeting the parameter ratio, the one leaving the most parameters),
     'per_stage' (the same leading blocks of every stage, as many as bring the share closest to the
-    target; nested; the authors' ResNet-56/110 tables)."""
+    target; nested), or 'auto' ('paper' where the paper has a table, else 'params')."""
     depth_exponent: float = 0.5
     """NeFL-WD's split of gamma: gamma_D = gamma ** depth_exponent, the width taking the rest."""
     tier_window: int = 2
@@ -156,6 +162,8 @@ class NeFL(Method):
         """Blocks depth scaling may omit, in the order equal-sized ones go."""
         self.saved = {b: self.total_params - held_parameters(self.model, drop_blocks(SubmodelSpec(), self.model, {b})) for b in self.order}
         """Parameters omitting each block saves."""
+        self.table = self._paper_table()
+        """The paper's sub-models for this model, scaling and gammas, when depth scaling uses them."""
         self.submodels_ = [self._scale(k, g) for k, g in enumerate(config.gammas, start=1)]
         self.model = self.adapt_model(self.model)
         levels = [Level(sub.name, self.spec_for(sub), NeFLOptions(sub.index, sub.gamma)) for sub in self.submodels_]
@@ -166,13 +174,31 @@ class NeFL(Method):
     def _params(self, width: float, omitted: frozenset[int]) -> int:
         return held_parameters(self.model, drop_blocks(width_spec(self.model, self.model.width * width), self.model, omitted))
 
+    def _paper_table(self) -> KeptBlocks | None:
+        config = self.config
+        if "d" not in config.scaling or not self.residual or config.omit not in ("auto", "paper"):
+            return None
+        table = paper_table(type(self.model).__name__, stages_of(self.model), config.scaling, config.gammas)
+        if table is None and config.omit == "paper":
+            raise ConfigError("method.omit", "paper", f"a model, scaling and gammas the paper tabulates ({covered()}); "
+                              "'params' or 'per_stage' for others")
+        if table is not None:
+            strays = {b for row in range(1, len(table.rows) + 1) for b in table.omitted(row, stages_of(self.model))} - omittable_blocks(self.model)
+            if strays:
+                raise ConfigError("method.omit", config.omit, f"'params' or 'per_stage': {table.source} omits blocks "
+                                  f"{sorted(b + 1 for b in strays)}, which this model cannot omit")
+            log.info("nefl: sub-models' blocks as the paper's %s", table.source)
+        return table
+
     def _scale(self, index: int, gamma: float) -> Submodel:
         """The sub-model holding `gamma` of the parameters under the configured scaling."""
         scaling, total = self.config.scaling, self.total_params
         omitted: frozenset[int] = frozenset()
         if "d" in scaling and self.residual and gamma < 1:
             depth_gamma = gamma if scaling == "d" else gamma**self.config.depth_exponent
-            if self.config.omit == "per_stage":
+            if self.table is not None:
+                omitted = self.table.omitted(index, stages_of(self.model))
+            elif self.config.omit == "per_stage":
                 at_least = gamma if "w" in scaling else 0.0
                 omitted = per_stage_omission(stages_of(self.model), omittable_blocks(self.model), self.saved, total, depth_gamma, at_least)
             else:

@@ -91,8 +91,8 @@ def blocks_to_omit(order: Sequence[int], saved: dict[int, int], total: int, targ
 
 def per_stage_omission(stages: Sequence[Sequence[int]], omittable: set[int], saved: dict[int, int], total: int,
                        target: float, at_least: float = 0.0) -> frozenset[int]:
-    """Every stage keeps its first n blocks, the same n in every stage (the NeFL authors' ResNet-56
-    and ResNet-110 sub-models, Table 12): the n whose share of the `total` parameters is closest to
+    """Every stage keeps its first n blocks, the same n in every stage (as the NeFL authors'
+    ResNet-56 NeFL-WD sub-models, Table 12): the n whose share of the `total` parameters is closest to
     `target`, among those holding at least `at_least` of them (NeFL-WD: the sub-model's whole
     share, which the width then trims to). Both grow with the sub-model, so sub-models nest."""
     def omitted(n: int) -> frozenset[int]:

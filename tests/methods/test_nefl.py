@@ -255,8 +255,61 @@ def test_per_stage_omission_keeps_the_same_leading_blocks_of_every_stage_as_tabl
     omitted = [sub.omitted for sub in method.submodels_]
     assert all(later <= earlier for earlier, later in pairwise(omitted))  # nested
     assert all(abs(sub.params / method.total_params - sub.gamma) < 0.01 for sub in method.submodels_)
-    by_params = [sub.omitted for sub in nefl("resnet56", scaling="wd")[0].submodels_]
+    by_params = [sub.omitted for sub in nefl("resnet56", scaling="wd", omit="params")[0].submodels_]
     assert not all(later <= earlier for earlier, later in pairwise(by_params))
+
+
+# Blocks kept per stage by sub-models 1-4, read off the paper's Tables 10-14 (a second reading,
+# independent of hfl/methods/nefl_tables.py's transcription); the whole model keeps every block.
+PAPER_KEPT = {
+    ("resnet18", "d"): [(2, 0, 2, 0), (1, 0, 1, 1), (2, 2, 2, 1), (1, 2, 0, 2)],
+    ("resnet18", "wd"): [(2, 2, 2, 1), (2, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 2)],
+    ("resnet34", "d"): [(1, 1, 1, 1), (3, 4, 3, 1), (3, 4, 3, 2), (3, 2, 3, 3)],
+    ("resnet34", "wd"): [(3, 2, 2, 2), (3, 2, 4, 2), (3, 4, 5, 2), (3, 4, 4, 3)],
+    ("resnet56", "d"): [(2, 2, 2), (3, 3, 4), (4, 4, 6), (9, 8, 7)],
+    ("resnet56", "wd"): [(4, 4, 4), (6, 6, 6), (7, 7, 7), (8, 8, 8)],
+    ("resnet110", "d"): [(16, 4, 3), (14, 7, 7), (17, 13, 10), (16, 16, 14)],
+    ("resnet110", "wd"): [(8, 8, 8), (12, 12, 12), (14, 14, 14), (16, 16, 16)],
+}
+
+
+@pytest.mark.parametrize(("model", "scaling"), list(PAPER_KEPT))
+def test_the_papers_models_get_the_papers_submodels_by_default(model, scaling):
+    """`omit=auto` on a model the paper tabulates: each sub-model keeps the table's blocks, and
+    NeFL-WD's width brings it to gamma of the parameters."""
+    from hfl.submodel.scaling import stages_of
+
+    method, _ = nefl(model, scaling=scaling)
+    stages = stages_of(method.model)
+    kept = [tuple(sum(1 for b in stage if b not in sub.omitted) for stage in stages) for sub in method.submodels_]
+    assert kept == [*PAPER_KEPT[model, scaling], tuple(len(stage) for stage in stages)]
+    # The hand-picked blocks land near gamma, as the tables' own sizes do (ResNet-34's first is 0.23).
+    assert all(abs(sub.params / method.total_params - sub.gamma) < 0.035 for sub in method.submodels_)
+
+
+def test_resnet110_nefl_wd_keeps_each_stages_last_block_as_table_14():
+    method, _ = nefl("resnet110", scaling="wd")
+    last_blocks = {17, 35, 53}
+    assert all(not (sub.omitted & last_blocks) for sub in method.submodels_)
+    assert {7, 16} <= method.submodels_[0].omitted  # "1, ..., 1 (7), 0, ..., 0, 1"
+
+
+def test_vit_tiny_nefl_d_at_the_papers_gammas_keeps_table_13s_blocks():
+    method = method_for({"name": "nefl", "scaling": "d", "gammas": [0.5, 0.75, 1.0]}, "vit_tiny", in_channels=3, input_size=32)
+    assert [sorted(sub.omitted) for sub in method.submodels_] == [list(range(6, 12)), [9, 10, 11], []]
+
+
+def test_omit_paper_where_the_paper_has_no_table_is_a_config_error_naming_what_it_covers():
+    with pytest.raises(ConfigError, match=r"method.omit='paper'.*resnet110 with scaling d or wd"):
+        nefl("preresnet20", scaling="d", omit="paper")
+    with pytest.raises(ConfigError, match="method.omit='paper'"):
+        nefl("resnet56", scaling="d", omit="paper", gammas=[0.5, 1.0])
+    assert nefl("resnet56", scaling="w", omit="paper")[0].table is None  # width scaling omits nothing
+
+
+def test_omit_auto_without_a_table_is_the_params_rule():
+    auto, params = nefl("preresnet20", scaling="d")[0], nefl("preresnet20", scaling="d", omit="params")[0]
+    assert auto.table is None and [s.omitted for s in auto.submodels_] == [s.omitted for s in params.submodels_]
 
 
 def test_a_model_with_some_non_residual_blocks_is_a_config_error():
