@@ -25,8 +25,6 @@ DISTILL_STREAM = 2**31 - 6
 """Server-side distillation batches (FedDF)."""
 SBN_STREAM = 2**31 - 7
 """The training sample static batch-norm statistics are recomputed from."""
-LEVEL_STREAM = 2**31 - 8
-"""Levels of clients without a budget (ScaleFL)."""
 BASE_ORDER_STREAM = 2**31 - 9
 """Each round's order of SplitMix's base models (which base each client trains first)."""
 MASK_STREAM = 2**31 - 10

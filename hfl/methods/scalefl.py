@@ -13,7 +13,9 @@ of every tensor) with an exit classifier at the cut, plus the exits of the level
 (levels are solved in ascending order and never get shallower, so the level-j model holds exits
 1..j as in the paper's Figure 6). FLOPs are torch's count, 2 per multiply-add: twice Table 1's.
 A client trains the highest level whose training memory fits its budget; with no budgets the
-levels are drawn uniformly, once per client, as in the paper's experiments.
+clients are split into equal shares, one per level (the slides: "uniform (25% each level)"; the
+authors' code splits a random permutation into quarters, hfl the client ids, which carry no data
+order, as the other methods' tiers do, so that a comparison puts the same clients at each level).
 
 Deliberate deviations and choices:
 - cost(M) is the plain global model (no exits), so level L = (1, 1) reports r_L slightly above 1.
@@ -153,12 +155,12 @@ class ScaleFL(Method):
         """Blocks followed by an early exit: the cut of every level shallower than the whole body."""
         self.model = self.adapt_model(self.model)
         levels = [Level(f"level{n}", self.spec_for(sp), ScaleFLOptions(n, sp.width)) for n, sp in enumerate(self.splits, start=1)]
-        # Without budgets a level is drawn once per client, as in the paper's experiments. The global
+        # Without budgets each level gets an equal share of the clients, as in the paper. The global
         # model is the highest trained level: level L is the whole model when its clients can train
         # it; where exits push the whole model past the top budget (its level is then a slightly
         # smaller split) or no client fits level L, the whole model's head is never trained. Each
         # trained level's model is scored at its deepest exit (the paper's "local" accuracy).
-        self.ladder = self.make_ladder(levels, unbudgeted="draw", evaluated="trained", global_model="largest_trained",
+        self.ladder = self.make_ladder(levels, unbudgeted="shares", evaluated="trained", global_model="largest_trained",
                                        table=self.level_table, title="ScaleFL's Table 1; r_l: the achieved cost ratio beside its target")
 
     # -- costs of candidate splits ------------------------------------------------------------

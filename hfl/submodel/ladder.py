@@ -28,14 +28,13 @@ import torch
 
 from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import TrainingCost
-from hfl.seeding import LEVEL_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec, full_spec
 from hfl.types import ClientTask, RoundContext
 
 log = logging.getLogger(__name__)
 
 TIER_STREAM = 5  # seed tag of a client-round's level draw (data order is tag 1, FjORD's per-batch widths tag 3)
-UNBUDGETED = ("largest", "draw")
+UNBUDGETED = ("largest", "shares")
 EVALUATED = ("all", "nested", "trained", "none")
 GLOBAL = ("whole", "largest", "largest_trained")
 
@@ -94,8 +93,8 @@ class DynamicTiers:
 class Ladder:
     """Levels, smallest first, with the policies a method chooses (see the module docstring).
 
-    `unbudgeted`: what a client without a memory budget trains: 'largest', or 'draw' (ScaleFL: a
-    level drawn uniformly once per client, fixed for the run). `evaluated`: the sub-models scored
+    `unbudgeted`: what a client without a memory budget trains: 'largest', or 'shares' (ScaleFL: an
+    equal share of the clients at each level, fixed for the run). `evaluated`: the sub-models scored
     every evaluation: 'all' levels, the 'nested' ones up to the largest trained (training a level
     trains the smaller ones inside it: FjORD, DepthFL), the 'trained' ones (before round 1 all), or
     'none' (CAFF: every level holds the same weights, so only the global model is scored).
@@ -126,7 +125,8 @@ class Ladder:
         self.levels = tuple(levels)
         self.cost, self.place, self.upload, self.table, self.title = cost, place, upload, table, title
         self.unbudgeted, self.evaluated_policy, self.global_policy = unbudgeted, evaluated, global_model
-        self.tiers = DynamicTiers(len(self.levels), tier_window, len(budgets) or None) if tier_window >= 0 else None
+        self.num_clients = len(budgets) or None
+        self.tiers = DynamicTiers(len(self.levels), tier_window, self.num_clients) if tier_window >= 0 else None
         self._index = {lv.name: k for k, lv in enumerate(self.levels)}
 
     def __getitem__(self, name: str) -> Level:
@@ -157,14 +157,21 @@ class Ladder:
         if self.tiers is not None:
             choices = self.tiers.allowed(ctx, lambda k: self.fits(self.levels[k], ctx))
             index = self.tiers.pick(ctx, choices)
-        elif self.unbudgeted == "draw" and (ctx.budget is None or ctx.budget.memory_bytes is None):
-            index = int(np.random.default_rng(derive_seed(ctx.seed, LEVEL_STREAM, ctx.client_id)).integers(count))
+        elif self.unbudgeted == "shares" and (ctx.budget is None or ctx.budget.memory_bytes is None):
+            index = self.share_of(ctx)
         else:
             index = next((k for k in reversed(range(count)) if self.fits(self.levels[k], ctx)), None)
         if index is None:
             log.info("client %d: not even level %s fits its budget %s", ctx.client_id, self.levels[0].name, ctx.budget)
             return None
         return self.task_for(ctx, self.levels[index], [self.levels[k].name for k in choices])
+
+    def share_of(self, ctx: RoundContext) -> int:
+        """The level of the client's equal share: the first 1/L of the client ids at level 1 and so
+        on, as the dynamic tiers of the other methods split clients without budgets (client ids carry
+        no data order); without the number of clients, its id modulo the levels."""
+        count = len(self.levels)
+        return ctx.client_id % count if self.num_clients is None else min(ctx.client_id * count // self.num_clients, count - 1)
 
     # -- what was trained, and what is evaluated ------------------------------------------------
     def trained(self, trained_levels: frozenset[str]) -> list[Level]:

@@ -221,11 +221,19 @@ def test_analytic_costs_match_the_built_models():
         assert row["flops"] == env.accountant.measure(client, 8).forward_flops_per_sample  # torch's FLOP counter
 
 
-def test_clients_without_budgets_draw_a_uniform_level_once_for_the_run():
-    method, settings = scalefl(), train_settings(small_config().fl, 1)
-    levels = {r: [method.plan(RoundContext(r, c, 7, 50, settings), MethodState()).options.level for c in range(400)] for r in (1, 2)}
+def levels_without_budgets(clients: int) -> dict[int, list[int]]:
+    """Every client's level in rounds 1 and 2 of a run with `clients` unbudgeted clients."""
+    method = method_for({"name": "scalefl"}, "preresnet20", norm="static_bn", budgets=[None] * clients)
+    settings = train_settings(small_config().fl, 1)
+    return {r: [method.plan(RoundContext(r, c, 7, 50, settings), MethodState()).options.level for c in range(clients)] for r in (1, 2)}
+
+
+def test_clients_without_budgets_get_a_level_each_a_quarter_of_them_for_the_run():
+    """The slides: "Client level distribution is uniform (25% each level)", exactly."""
+    levels = levels_without_budgets(100)
     assert levels[1] == levels[2]
-    assert all(80 <= levels[1].count(n) <= 120 for n in (1, 2, 3, 4))
+    assert levels[1] == [1] * 25 + [2] * 25 + [3] * 25 + [4] * 25  # the other methods' tiers without budgets
+    assert levels_without_budgets(10)[1] == [1, 1, 1, 2, 2, 3, 3, 3, 4, 4]
 
 
 def levels_of_run(run_dir):
