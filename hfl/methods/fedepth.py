@@ -15,7 +15,7 @@ forward (partial training); the server averages each tensor over the clients tha
 code's PreResNet-20 schedule), to compare with the paper's tables.
 
 m-FeDepth (`mfedepth`, `hfl.methods.mfedepth`) trains several models with mutual distillation where
-a budget holds them; its peers are built here (`max_models`).
+a budget has surplus memory for them in FeDepth's groups; its peers are built here (`max_models`).
 
 Deliberate choices where the paper is silent:
 - The skip connection is the parameter-free shortcut of He et al. (2016): the group's output is
@@ -200,19 +200,21 @@ class FeDepth(Method):
             return Layout(self.config.max_models, ((0, self.num_blocks - 1),), ())
         if self.config.grouping == "paper":
             return self._paper_layout(budget, batch_size)
-        for models in range(self.config.max_models, 0, -1):
-            fits = partial(self.group_fits, models=models, batch_size=batch_size, budget=budget.memory_bytes)
-            groups, skipped = decompose(self.num_blocks, fits)
-            if groups and (models == 1 or not skipped):
-                return Layout(models, tuple(groups), tuple(skipped))
-        return None
+        groups, skipped = decompose(self.num_blocks, partial(self.group_fits, models=1, batch_size=batch_size, budget=budget.memory_bytes))
+        return Layout(self._models_for(groups, skipped, budget, batch_size), tuple(groups), tuple(skipped)) if groups else None
 
     def _paper_layout(self, budget: ClientBudget, batch_size: int) -> Layout:
-        """The tier's fixed groups; as many models (m-FeDepth) as fit with every group."""
+        """The tier's fixed groups, with as many models (m-FeDepth) as its surplus memory holds."""
         groups, skipped = PAPER_LAYOUTS[budget.tier]
+        return Layout(self._models_for(groups, skipped, budget, batch_size), groups, skipped)
+
+    def _models_for(self, groups: Sequence[Group], skipped: Sequence[int], budget: ClientBudget, batch_size: int) -> int:
+        """m-FeDepth's models on surplus memory: the most, up to `max_models`, that fit with the very
+        groups one model trains, and only where every block is trained (the paper's Surplus scenario:
+        the quarter of the clients at twice the whole model's memory)."""
         fitting = [m for m in range(2, self.config.max_models + 1) if not skipped
                    and all(self.group_fits(g, models=m, batch_size=batch_size, budget=budget.memory_bytes) for g in groups)]
-        return Layout(max(fitting, default=1), groups, skipped)
+        return max(fitting, default=1)
 
     def training_cost(self, task: ClientTask, batch_size: int) -> TrainingCost:
         """The peak over the client's groups; the FLOPs of all of them (each runs the local epochs)."""

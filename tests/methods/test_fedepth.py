@@ -186,6 +186,18 @@ def test_each_group_starts_from_the_head_the_previous_group_trained(monkeypatch)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("scenario", "distilling"), [("fair", set()), ("surplus", {"w2"})])
+def test_m_fedepth_trains_peers_on_surplus_memory_only_with_fedepths_own_groups(scenario, distilling):
+    """The paper's Surplus scenario: "1/4 of clients with sufficient memory can apply MKD", the
+    tier at twice the whole model's memory; a tier whose memory holds two models only in finer
+    groups trains one, in FeDepth's groups."""
+    _, _, single = env_and_tasks("fedepth", scenario)
+    _, _, multi = env_and_tasks("mfedepth", scenario)
+    assert {tier: task.options.groups for tier, (_, task) in multi.items()} == {tier: task.options.groups for tier, (_, task) in single.items()}
+    assert {tier for tier, (_, task) in multi.items() if task.options.models > 1} == distilling
+
+
+@pytest.mark.slow
 def test_surplus_clients_train_peers_and_upload_one_model(monkeypatch):
     """The w2 tier trains a peer beside its model: the peer exists, its weights move, its logits
     enter the loss (the distillation term), and only the model that started from the global
