@@ -10,12 +10,14 @@ node without the data.
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,11 @@ def can_hide_folders() -> bool:
 def cluster(tmp_path_factory):
     """(dashboard address, env, {tier: node id}, the folder the `small` node cannot see)."""
     hidden = tmp_path_factory.mktemp("hidden")  # data and cache of the job that must fail
-    env = {**cli_env(), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Token authentication, as Ray >= 2.59 clusters have it by default and docs/cluster.md submits:
+    # every node and `ray job submit` hold the cluster's token; this process asks the dashboard's
+    # HTTP API with it (Ray's own client here keeps whatever auth mode an earlier test set up).
+    token = secrets.token_hex(32)
+    env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0"}
     port, dashboard = free_port(), free_port()
     temp = Path("/tmp") / f"hfl-mn-{os.getpid()}"  # Ray limits socket path lengths: keep it short
     quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
@@ -67,7 +73,6 @@ def cluster(tmp_path_factory):
                  f'mount -t tmpfs none "{hidden}" && exec "$@"', "sh", *small]
     large = [*join, "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}', *node_ports()]
     address = f"http://127.0.0.1:{dashboard}"
-    from ray.util.state import list_nodes
 
     nodes, alive, deadline = [], [], time.time() + 240
     try:
@@ -79,10 +84,10 @@ def cluster(tmp_path_factory):
                     pytest.fail(f"the 3-node Ray cluster did not start within 240 s ({len(alive)} nodes up)")
                 time.sleep(2)
                 try:
-                    alive = [n for n in list_nodes(address=address) if n.state == "ALIVE"]
+                    alive = [n for n in list_nodes(address, token) if n["state"] == "ALIVE"]
                 except Exception:  # noqa: BLE001 - the dashboard is not up yet
                     continue
-        tiers = {k[len("hfl_tier_"):]: n.node_id for n in alive for k in n.resources_total if k.startswith("hfl_tier_")}
+        tiers = {k[len("hfl_tier_"):]: n["node_id"] for n in alive for k in n["resources_total"] if k.startswith("hfl_tier_")}
         yield address, env, tiers, hidden
     finally:
         # SIGTERM to `ray start --block` alone: it stops its node's processes in ~3 s. Signalling its
@@ -95,6 +100,13 @@ def cluster(tmp_path_factory):
                 os.killpg(node.pid, signal.SIGKILL)
                 node.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def list_nodes(address: str, token: str) -> list[dict]:
+    """The cluster's nodes, from the dashboard's state API over HTTP with the cluster's token."""
+    request = urllib.request.Request(f"{address}/api/v0/nodes?detail=1", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["data"]["result"]["result"]
 
 
 def submit(address, env, command, runtime_env=None):
