@@ -282,6 +282,7 @@ def client_update(
         "bytes_up": tensor_bytes(sent, held.masks) + tensor_bytes(extras),
         "measured_peak_bytes": measured_peak,
         "submodel": spec.describe(),
+        "level": task.level,
         "seconds": seconds,
     }
     return ClientUpdate(task.ctx.client_id, sent, float(task.ctx.num_samples), held, metrics, task.level, extras)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ def load_run(path: str | Path) -> RunRecord:
         with staged(path, "run folder") as (folder, _):
             return replace(load_run(folder), path=Path(str(path).rstrip("/").rsplit("/", 1)[-1]))
     folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError("run folder", str(folder), "an existing folder holding a finished hfl run (no such folder)")
     missing = [name for name in ("config.yaml", SUMMARY, "metrics.jsonl") if not (folder / name).is_file()]
     if missing:
         raise ConfigError("run folder", str(folder), f"a finished hfl run (missing {', '.join(missing)})")
@@ -228,18 +231,35 @@ def tier_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def memory_points(run: RunRecord) -> list[float]:
-    """A run's client memory in MiB: each budget tier's mean peak, or the mean and max peak without tiers."""
-    tiers = [t["mean_estimated_peak_bytes"] for t in (run.summary.get("tiers") or {}).values() if t.get("mean_estimated_peak_bytes")]
-    if tiers:
-        return sorted(b / MIB for b in tiers)
+def memory_points(run: RunRecord) -> list[tuple[float, float]]:
+    """(client memory in MiB, final accuracy) per budget tier: the tier's mean peak, and the accuracy
+    of the sub-model its clients trained most (HeteroFL's small tier scores its small width, not the
+    global model), or the global model's where no sub-model of theirs is scored. Without tiers, the
+    mean and max peak at the global model's accuracy."""
+    final = run.summary.get("final_accuracy")
+    if final is None:
+        return []
+    scored = run.summary.get("submodel_accuracy") or {}
+    trained: dict[str, Counter[str]] = {}
+    for record in run.rounds:
+        for client in record.get("clients", []):
+            if client.get("tier") is not None and client.get("level") is not None:
+                trained.setdefault(client["tier"], Counter())[client["level"]] += 1
+    points = []
+    for name, tier in (run.summary.get("tiers") or {}).items():
+        if tier.get("mean_estimated_peak_bytes"):
+            submodel = trained[name].most_common(1)[0][0] if name in trained else None
+            points.append((tier["mean_estimated_peak_bytes"] / MIB, scored.get(submodel, final)))
+    if points:
+        return sorted(points)
     overall = [run.summary.get(k) for k in ("mean_estimated_peak_bytes", "max_estimated_peak_bytes")]
-    return sorted({b / MIB for b in overall if b is not None})
+    return [(b / MIB, final) for b in sorted({b for b in overall if b is not None})]
 
 
 def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
-    """Final accuracy against client memory, one marker per budget tier joined by a line: HeteroFL's
-    small clients sit left of FedAvg's, where the maximum peak alone put both at the same place."""
+    """Final accuracy against client memory, one marker per budget tier joined by a line, at the
+    accuracy of the sub-model that tier trained: HeteroFL's small clients sit left of FedAvg's and
+    below them, where the maximum peak alone put both at the same place."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -248,15 +268,15 @@ def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
     ax = fig.add_subplot()
     points = []
     for run in runs:
-        xs, y = memory_points(run), run.summary.get("final_accuracy")
-        if not xs or y is None:
+        tiers = memory_points(run)
+        if not tiers:
             continue
-        ax.plot(xs, [y] * len(xs), marker="o", markersize=5)
-        points.append((xs[-1], y, run.label))
+        ax.plot(*zip(*tiers), marker="o", markersize=5)
+        points.append((*tiers[-1], run.label))
     for x, y, labels in shared_labels(points):
         ax.annotate("\n".join(labels), (x, y), fontsize="small", xytext=(4, 4), textcoords="offset points", va="bottom")
-    ax.set(xlabel="client peak training memory per budget tier (MiB, estimated mean)", ylabel="final test accuracy",
-           title="accuracy vs client memory (a marker per tier)")
+    ax.set(xlabel="client peak training memory per budget tier (MiB, estimated mean)",
+           ylabel="final test accuracy of the tier's sub-model", title="accuracy vs client memory (a marker per tier)")
     ax.margins(0.2)  # room for the labels beside the points
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")

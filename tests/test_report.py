@@ -110,12 +110,16 @@ def test_a_sweeps_trials_are_reported_with_their_swept_values(tmp_path):
 def test_memory_is_reported_per_budget_tier(tmp_path):
     from hfl.report import load_run, memory_points
 
-    run_experiment(small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, fl={"rounds": 1},
+    run_experiment(small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, fl={"rounds": 2},
                                 budgets={"scenario": "tiers", "memory": ["width:1/2", "width:1"], "shares": [0.5, 0.5]}), tmp_path / "het")
     run = load_run(tmp_path / "het")
     tiers = run.summary["tiers"]
-    assert memory_points(run) == sorted(t["mean_estimated_peak_bytes"] / 2**20 for t in tiers.values())
-    assert memory_points(run)[0] < memory_points(run)[1] == run.summary["max_estimated_peak_bytes"] / 2**20  # the small tier shows
+    (small, small_accuracy), (large, large_accuracy) = memory_points(run)
+    assert [small, large] == sorted(t["mean_estimated_peak_bytes"] / 2**20 for t in tiers.values())
+    assert small < large == run.summary["max_estimated_peak_bytes"] / 2**20  # the small tier shows
+    # each tier at the accuracy of the width its clients trained, not the global model's
+    assert {c["level"] for r in run.rounds for c in r["clients"] if c["tier"] == "w1_2"} == {"x0.5"}
+    assert small_accuracy == run.summary["submodel_accuracy"]["x0.5"] != large_accuracy == run.summary["submodel_accuracy"]["x1"]
     text = write_report([str(tmp_path / "het")], tmp_path / "rep").read_text()
     section = text[text.index("## Per budget tier"):]
     rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| w"))}
