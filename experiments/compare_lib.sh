@@ -14,7 +14,11 @@ overrides=()
 
 # `compare.sh OUT [--seeds 0,1,2] [overrides...]`: sets `out`, `seeds` and `overrides`.
 parse_comparison() {
-  out=${1:?usage: compare.sh OUT [--seeds 0,1,2] [overrides...]}
+  if [ $# -lt 1 ] || [[ $1 == -* ]] || [[ $1 == *=* ]]; then
+    echo "usage: $(basename "$0") OUT [--seeds 0,1,2] [overrides...]: OUT, the folder for the runs, comes first" >&2
+    exit 2
+  fi
+  out=$1
   shift
   if [ "${1:-}" = --seeds ]; then
     IFS=, read -ra seeds <<< "${2:?--seeds needs a comma-separated list, e.g. --seeds 0,1,2}"

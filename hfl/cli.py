@@ -10,6 +10,7 @@ import importlib.metadata
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,7 @@ def resumed_config(out: Path, config_path: str | None, overrides: list[str]) -> 
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from hfl.checkpoint import has_checkpoint
     from hfl.config import load_config
     from hfl.errors import ConfigError
     from hfl.loggers import read_metrics
@@ -165,8 +167,12 @@ def command_run(args: argparse.Namespace) -> int:
         config = load_config(config_path, overrides)
         check_job_location(args.out, "--out")  # before the default below, which is relative
         out = args.out or f"runs/{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if "://" not in out and has_checkpoint(Path(out)):
+            raise ConfigError("--out", out, f"a folder without a run in it (continue this one with: hfl run --resume {out}; "
+                              "or remove it, or choose another folder)")
         done = 0
-    print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {config.fl.rounds} rounds -> {out}", file=sys.stderr)
+    rounds = f"{config.fl.rounds} round{'s' * (config.fl.rounds != 1)}"
+    print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {rounds} -> {out}", file=sys.stderr)
     try:
         summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
     except KeyboardInterrupt:
@@ -248,8 +254,8 @@ def command_data(args: argparse.Namespace) -> int:
     parts = [p.numpy() for p in env.partitions]
     hist = label_histogram(env.data.train_y.numpy(), parts, env.data.num_classes)
     d = config.data
-    print(f"{d.name}: {len(env.data.train_y)} train / {len(env.data.test_y)} test, partition {d.partition} "
-          f"(alpha={d.alpha}, labels_per_client={d.labels_per_client}), {config.fl.clients} clients")
+    setting = f" (alpha={d.alpha})" if "dirichlet" in d.partition else f" (labels_per_client={d.labels_per_client})" if d.partition == "pathological" else ""
+    print(f"{d.name}: {len(env.data.train_y)} train / {len(env.data.test_y)} test, partition {d.partition}{setting}, {config.fl.clients} clients")
     cell = max(5, len(str(int(hist.max()))) + 1)
     print("client" + "".join(f"{c:>{cell}}" for c in range(hist.shape[1])) + f"{'total':>8}")
     for i, row in enumerate(hist):
@@ -317,8 +323,8 @@ def command_budget(args: argparse.Namespace) -> int:
                 [[b["block"], b["channels"], mib(b["param_bytes"]), mib(b["activation_bytes"]), mib(b["block_training_bytes"]), mib(b["peak_bytes"])]
                  for b in report["blocks"]]))
     print("\nTraining the whole model by width")
-    print(table(["width", "params", "activations", "peak", "GFLOPs/sample"],
-                [[f"x{w['width']}", mib(w["param_bytes"]), mib(w["activation_bytes"]), mib(w["peak_bytes"]), f"{w['train_flops_per_sample'] / 1e9:.4f}"]
+    print(table(["width", "params", "activations", "peak", "train FLOPs/sample"],
+                [[f"x{w['width']}", mib(w["param_bytes"]), mib(w["activation_bytes"]), mib(w["peak_bytes"]), human_flops(w["train_flops_per_sample"])]
                  for w in report["widths"]]))
     if report["tiers"]:
         print(f"\nBudget tiers ({report['scenario']})")
@@ -503,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, DataNotFoundError) as error:
         print(f"hfl: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except OSError as error:  # a path given on the command line that cannot be read or written
+        if args.verbose:
+            traceback.print_exc()
+        where = f"{error.filename}: {error.strerror}" if error.filename is not None else str(error)
+        print(f"hfl: error: {where}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:  # an interrupted `hfl run` names its run folder itself (command_run)
         if args.command == "tune":

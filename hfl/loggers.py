@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hfl.config import ExperimentConfig
+from hfl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"
@@ -144,20 +145,24 @@ class WandbLogger:
 
         settings = config.logging
         run_id = (existing_wandb_id(out_dir) if resume else None) or wandb_run_id(config)
-        self.run = wandb.init(
-            project=settings.wandb_project,
-            group=settings.wandb_group or None,
-            job_type=config.method.name,
-            name=run_id,
-            id=run_id,
-            dir=str(out_dir),
-            mode=settings.wandb_mode,
-            config={**config.to_dict(), **({"swept": swept} if swept else {})},
-            resume="allow" if resume else None,
-            # A Ray worker reused for the next trial must not log into the last trial's run, which a
-            # scheduler's stop left open ("return_previous", wandb's default outside notebooks, would).
-            reinit="finish_previous",
-        )
+        try:
+            self.run = wandb.init(
+                project=settings.wandb_project,
+                group=settings.wandb_group or None,
+                job_type=config.method.name,
+                name=run_id,
+                id=run_id,
+                dir=str(out_dir),
+                mode=settings.wandb_mode,
+                config={**config.to_dict(), **({"swept": swept} if swept else {})},
+                resume="allow" if resume else None,
+                # A Ray worker reused for the next trial must not log into the last trial's run, which a
+                # scheduler's stop left open ("return_previous", wandb's default outside notebooks, would).
+                reinit="finish_previous",
+            )
+        except wandb.errors.UsageError as error:  # online without an API key
+            raise ConfigError("logging.wandb_mode", settings.wandb_mode,
+                              f"'offline' (the default; `wandb sync` uploads later), or 'online' after `wandb login` ({error})") from None
         self.finished = False
         log.info("wandb run %s in %s (mode %s)", run_id, out_dir, settings.wandb_mode)
 

@@ -147,7 +147,28 @@ def run_experiment(
     a folder, or a URI (s3://, gs://, file://) that the run is copied to after every round."""
     check_job_location(out_dir, "--out")
     with staged(out_dir, "--out") as (folder, push):
-        return _run(config, writable_folder(folder, "--out"), resume, callbacks, push)
+        created = not Path(folder).exists()
+        try:
+            return _run(config, writable_folder(folder, "--out"), resume, callbacks, push)
+        except BaseException:
+            if created and Path(folder).is_dir() and not any(Path(folder).iterdir()):
+                Path(folder).rmdir()  # a run refused before it wrote anything leaves no folder behind
+            raise
+
+
+def refuse_budgets_nobody_fits(config: ExperimentConfig, env: ClientEnvironment, state: RunState) -> None:
+    """A ConfigError naming the budgets when not one client's budget fits any sub-model of the
+    method in round 1 (budgets are fixed for the run, so no round would train anything)."""
+    if all(b is None for b in env.budgets):
+        return
+    settings = train_settings(config.fl, 1)
+    if any(env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state.method_state) is not None
+           for c in range(config.fl.clients)):
+        return
+    budgets = config.budgets
+    field = next((f for f in ("memory", "flops", "upload") if getattr(budgets, f)), "scenario")
+    raise ConfigError(f"budgets.{field}", getattr(budgets, field), f"budgets under which some client fits a sub-model of "
+                      f"{config.method.name}: none of the {config.fl.clients} clients' does (`hfl budget` shows what each costs)")
 
 
 def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[RoundCallback], push: Callable[[], None]) -> dict[str, Any]:
@@ -158,8 +179,12 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     if resume and has_checkpoint(out):
         state, _ = load_checkpoint(out, env.device)
         log.info("resuming %s after round %d", out, state.round)
+        if state.round > fl.rounds:
+            raise ConfigError("fl.rounds", fl.rounds, f"at least {state.round}, the rounds {out} has already run "
+                              "(resuming extends a run; it cannot shorten it)")
     else:
         state = initial_state(config, env)  # may refuse the config: before any backend starts
+        refuse_budgets_nobody_fits(config, env, state)
     backend = BACKENDS.get(config.backend.name, field="backend.name")(env)
     dump_config(config, out / "config.yaml")  # also on resume: a run may be extended (fl.rounds)
     metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)

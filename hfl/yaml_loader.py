@@ -117,7 +117,15 @@ def read_yaml_mapping(path: Path, field: str, what: str) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
-        raise ConfigError(field, str(path), f"valid YAML ({error})") from None
+        raise ConfigError(field, str(path), f"valid YAML ({yaml_problem(error)})") from None
     if not isinstance(values, dict):
         raise ConfigError(field, str(path), f"a YAML mapping ({what})")
     return values
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's complaint in one line, with where: "expected ',' or ']', but got '<stream end>' at
+    line 7, column 1" (its own text spans lines and quotes the source)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem

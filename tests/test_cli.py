@@ -133,10 +133,33 @@ def test_data_prints_histogram_and_writes_heatmap(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_run_reports_missing_dataset_path(tmp_path, capsys):
+@pytest.mark.parametrize("option", ["--png", "--json"])
+def test_an_output_file_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, option):
+    """`hfl data --png` and `hfl budget --json` into a "folder" that is a file: the path and why, no traceback."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    target = blocker / "out.png"
+    command = ["data", str(QUICKSTART), "--png", str(target)] if option == "--png" else ["budget", str(QUICKSTART), "--json", str(target)]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hfl: error: ") and str(blocker) in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_reports_missing_dataset_path_and_leaves_no_folder(tmp_path, capsys):
     code = main(["run", str(QUICKSTART), "data.name=mnist", f"data.root={tmp_path}", f"data.cache_dir={tmp_path}/c", "--out", str(tmp_path / "o")])
     assert code == 2
     assert str(tmp_path) in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_into_a_folder_holding_a_run_is_refused_and_keeps_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICKSTART), "fl.rounds=1", "--out", str(out)]) == 0
+    metrics = (out / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(["run", str(QUICKSTART), "fl.rounds=1", "data.alpha=0.3", "--out", str(out)]) == 2
+    assert f"hfl run --resume {out}" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_resume_needs_a_checkpoint(tmp_path, capsys):

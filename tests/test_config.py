@@ -91,7 +91,7 @@ def test_values_the_data_or_machine_refuse_exit_2_with_one_line(tmp_path, capsys
     overrides = [o.replace("QUICKSTART", str(QUICKSTART)) for o in overrides]  # a file, where a folder is needed
     assert main(["run", str(QUICKSTART), "fl.rounds=1", *overrides, "--out", str(tmp_path / "run")]) == 2
     *before, error = capsys.readouterr().err.strip().splitlines()
-    assert len(before) <= 1 and all(" rounds -> " in line for line in before), before  # at most the run's header line
+    assert len(before) <= 1 and all(" round -> " in line for line in before), before  # at most the run's header line
     assert error.startswith(f"hfl: error: {field}=") and "is not allowed: expected" in error
 
 
@@ -101,6 +101,14 @@ def test_an_empty_config_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="the file is empty") as info:
         load_config(empty)
     assert "data, model, method, fl" in info.value.allowed
+
+
+def test_a_yaml_syntax_error_is_one_line_saying_where(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nfl:\n  clients: [3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(broken)
+    assert "\n" not in str(info.value) and "expected ',' or ']'" in str(info.value) and "at line 4, column 1" in str(info.value)
 
 
 def test_run_needs_a_config_or_resume_and_a_writable_out(tmp_path, capsys):

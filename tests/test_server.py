@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment, sample_cohort
 from tests.conftest import QUICKSTART, ROOT, cli_env, small_config
@@ -152,9 +153,30 @@ def test_resume_continues_the_saved_run_not_the_config_file(tmp_path, capsys):
     assert "differs in data.alpha" in capsys.readouterr().err
 
 
-def test_a_round_no_client_can_train_says_so(tmp_path, caplog):
+def test_budgets_no_client_fits_are_refused_before_round_1(tmp_path):
     config = small_config(method={"name": "heterofl"}, fl={"rounds": 1}, budgets={"scenario": "tiers", "memory": ["1B"]})
+    with pytest.raises(ConfigError, match=r"budgets.memory=\('1B',\).*none of the 6 clients' does"):
+        run_experiment(config, tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_round_no_sampled_client_can_train_says_so(tmp_path, caplog):
+    """One client of six fits; a round whose cohort misses it trains nothing and says so."""
+    config = small_config(method={"name": "heterofl"}, fl={"rounds": 3, "fraction": 1 / 6},
+                          budgets={"scenario": "tiers", "memory": ["1B", "width:1"], "shares": [5 / 6, 1 / 6]})
     with caplog.at_level("WARNING", logger="hfl.server"):
         summary = run_experiment(config, tmp_path)
-    assert summary["skipped_client_rounds"] > 0 and summary["client_rounds"] == 0
-    assert "round 1: no sampled client's budget fits any sub-model of heterofl" in caplog.text
+    assert summary["skipped_client_rounds"] > 0
+    assert "no sampled client's budget fits any sub-model of heterofl; the round trains nothing" in caplog.text
+
+
+def test_resuming_with_fewer_rounds_than_were_run_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    import dataclasses
+
+    config = small_config(fl={"rounds": 2})
+    run_experiment(config, tmp_path)
+    before = {name: (tmp_path / name).read_bytes() for name in ("config.yaml", "metrics.jsonl", "summary.json")}
+    shorter = dataclasses.replace(config, fl=dataclasses.replace(config.fl, rounds=1))
+    with pytest.raises(ConfigError, match=r"fl.rounds=1 .*at least 2"):
+        run_experiment(shorter, tmp_path, resume=True)
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before

@@ -158,3 +158,15 @@ def test_a_comparison_script_groups_its_runs_by_its_folder(tmp_path):
     calls = calls_of(ROOT / "experiments" / "scalefl_cifar10" / "compare.sh", tmp_path, "--seeds", "0,1", "logging.wandb=true")
     runs = [c for c in calls if c[0] == "run"]
     assert len(runs) == 16 and all("logging.wandb_group=out" in c and "logging.wandb=true" in c for c in runs)
+
+
+def test_online_without_an_api_key_is_a_config_error_naming_the_mode(tmp_path, monkeypatch):
+    """No key in the environment or under HOME: one line naming logging.wandb_mode, before any round."""
+    from hfl.errors import ConfigError
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = small_config(logging={"wandb": True, "wandb_mode": "online"})
+    with pytest.raises(ConfigError, match=r"logging.wandb_mode='online'.*wandb login"):
+        WandbLogger(config, tmp_path / "run", resume=False)

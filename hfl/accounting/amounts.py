@@ -27,9 +27,9 @@ def parse_width(text: str) -> float:
     try:
         value = float(Fraction(text.strip()))
     except (ValueError, ZeroDivisionError):
-        raise ValueError(f"width ratio {text!r} is not a number or fraction") from None
+        raise ValueError(f"an amount whose width ratio is a number or fraction (not {text!r}), e.g. width:1/6") from None
     if value <= 0:
-        raise ValueError(f"width ratio {text!r} must be positive")
+        raise ValueError(f"an amount whose width ratio is positive (not {text!r}), e.g. width:1/6")
     return value
 
 
@@ -41,7 +41,7 @@ def check_amount(text: str) -> None:
         return
     match = _AMOUNT.match(text)
     if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not an amount: write e.g. 256MB, 1.5GiB, 3e9 or width:1/6")
+        raise ValueError(f"an amount such as 256MB, 1.5GiB, 3e9 or width:1/6 (not {text!r})")
 
 
 @dataclass(frozen=True)
