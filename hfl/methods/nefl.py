@@ -52,7 +52,7 @@ from torch import nn
 from hfl.accounting.analytic import held_parameters
 from hfl.errors import ConfigError, check, check_choice
 from hfl.methods.base import LadderConfig, Method, Resources
-from hfl.methods.nefl_tables import KeptBlocks, covered, paper_table
+from hfl.methods.nefl_tables import table_for
 from hfl.models.base import ResidualBlock, ScalableModel
 from hfl.registry import METHODS
 from hfl.submodel.copies import NormCopies, StepCopies, copy_keys, keep_copy, nefl_do_step_sizes
@@ -162,7 +162,7 @@ class NeFL(Method):
         """Blocks depth scaling may omit, in the order equal-sized ones go."""
         self.saved = {b: self.total_params - held_parameters(self.model, drop_blocks(SubmodelSpec(), self.model, {b})) for b in self.order}
         """Parameters omitting each block saves."""
-        self.table = self._paper_table()
+        self.table = table_for(self.model, config.scaling, config.gammas, config.omit) if self.residual else None
         """The paper's sub-models for this model, scaling and gammas, when depth scaling uses them."""
         self.submodels_ = [self._scale(k, g) for k, g in enumerate(config.gammas, start=1)]
         self.model = self.adapt_model(self.model)
@@ -173,22 +173,6 @@ class NeFL(Method):
     # -- sub-models -----------------------------------------------------------------------------
     def _params(self, width: float, omitted: frozenset[int]) -> int:
         return held_parameters(self.model, drop_blocks(width_spec(self.model, self.model.width * width), self.model, omitted))
-
-    def _paper_table(self) -> KeptBlocks | None:
-        config = self.config
-        if "d" not in config.scaling or not self.residual or config.omit not in ("auto", "paper"):
-            return None
-        table = paper_table(type(self.model).__name__, stages_of(self.model), config.scaling, config.gammas)
-        if table is None and config.omit == "paper":
-            raise ConfigError("method.omit", "paper", f"a model, scaling and gammas the paper tabulates ({covered()}); "
-                              "'params' or 'per_stage' for others")
-        if table is not None:
-            strays = {b for row in range(1, len(table.rows) + 1) for b in table.omitted(row, stages_of(self.model))} - omittable_blocks(self.model)
-            if strays:
-                raise ConfigError("method.omit", config.omit, f"'params' or 'per_stage': {table.source} omits blocks "
-                                  f"{sorted(b + 1 for b in strays)}, which this model cannot omit")
-            log.info("nefl: sub-models' blocks as the paper's %s", table.source)
-        return table
 
     def _scale(self, index: int, gamma: float) -> Submodel:
         """The sub-model holding `gamma` of the parameters under the configured scaling."""

@@ -11,8 +11,15 @@ the same blocks per stage, and to the paper's gammas."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from hfl.errors import ConfigError
+from hfl.models.base import ScalableModel
+from hfl.submodel.scaling import omittable_blocks, stages_of
+
+log = logging.getLogger(__name__)
 
 GAMMAS = (0.2, 0.4, 0.6, 0.8, 1.0)
 """The sub-model sizes of every table but ViT's (the paper's Tables 1, 2, 4-6)."""
@@ -79,6 +86,26 @@ def paper_table(model_kind: str, stages: Sequence[Sequence[int]], scaling: str, 
     when the paper has none."""
     table = TABLES.get((model_kind, tuple(len(stage) for stage in stages), scaling))
     return table if table is not None and tuple(gammas) == table.gammas else None
+
+
+def table_for(model: ScalableModel, scaling: str, gammas: Sequence[float], omit: str) -> KeptBlocks | None:
+    """The table depth scaling follows under `method.omit`: the paper's for this model, scaling and
+    gammas with 'auto' or 'paper' ('paper' refuses where there is none); None otherwise."""
+    if "d" not in scaling or omit not in ("auto", "paper"):
+        return None
+    stages = stages_of(model)
+    table = paper_table(type(model).__name__, stages, scaling, gammas)
+    if table is None:
+        if omit == "paper":
+            raise ConfigError("method.omit", "paper", f"a model, scaling and gammas the paper tabulates ({covered()}); "
+                              "'params' or 'per_stage' for others")
+        return None
+    strays = {b for row in range(1, len(table.rows) + 1) for b in table.omitted(row, stages)} - omittable_blocks(model)
+    if strays:
+        raise ConfigError("method.omit", omit, f"'params' or 'per_stage': {table.source} omits blocks {sorted(b + 1 for b in strays)}, "
+                          "which this model cannot omit")
+    log.info("nefl: sub-models' blocks as the paper's %s", table.source)
+    return table
 
 
 def covered() -> str:
