@@ -56,6 +56,18 @@ Place = Callable[[Level, RoundContext], tuple[SubmodelSpec, Any]]
 (FedRolex's rolling window, SplitMix's choice of bases); shapes stay the level's."""
 
 
+def equal_share(client_id: int, num_clients: int | None, levels: int) -> int:
+    """Level (0-based) of the client's equal share of the clients by id (ids carry no data order),
+    the first ids at the lowest level; shares differ by at most one client, the larger ones at the
+    top levels (NeFL's appendix B.7: 3, 3 and 4 of 10 clients). Without the number of clients, the id
+    modulo the levels."""
+    if num_clients is None:
+        return client_id % levels
+    base, extra = divmod(num_clients, levels)
+    small = (levels - extra) * base  # the ids in the lower levels' shares of `base` clients
+    return client_id // base if client_id < small else levels - extra + (client_id - small) // (base + 1)
+
+
 class DynamicTiers:
     """NeFL's dynamic tiers over `levels` levels (index 0 the smallest)."""
 
@@ -68,9 +80,7 @@ class DynamicTiers:
         """The client's tier: the largest level fitting its memory budget (None if none does), or its
         equal share of the clients when it has no memory budget (client ids carry no data order)."""
         if ctx.budget is None or ctx.budget.memory_bytes is None:
-            if self.num_clients:
-                return min(ctx.client_id * self.levels // self.num_clients, self.levels - 1)
-            return ctx.client_id % self.levels
+            return equal_share(ctx.client_id, self.num_clients, self.levels)
         return next((k for k in reversed(range(self.levels)) if fits(k)), None)
 
     def allowed(self, ctx: RoundContext, fits: Callable[[int], bool]) -> list[int]:
@@ -167,11 +177,9 @@ class Ladder:
         return self.task_for(ctx, self.levels[index], [self.levels[k].name for k in choices])
 
     def share_of(self, ctx: RoundContext) -> int:
-        """The level of the client's equal share: the first 1/L of the client ids at level 1 and so
-        on, as the dynamic tiers of the other methods split clients without budgets (client ids carry
-        no data order); without the number of clients, its id modulo the levels."""
-        count = len(self.levels)
-        return ctx.client_id % count if self.num_clients is None else min(ctx.client_id * count // self.num_clients, count - 1)
+        """The level of the client's equal share of the clients (`equal_share`), as the dynamic tiers
+        of the other methods split clients without budgets."""
+        return equal_share(ctx.client_id, self.num_clients, len(self.levels))
 
     # -- what was trained, and what is evaluated ------------------------------------------------
     def trained(self, trained_levels: frozenset[str]) -> list[Level]:

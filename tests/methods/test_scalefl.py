@@ -233,7 +233,7 @@ def test_clients_without_budgets_get_a_level_each_a_quarter_of_them_for_the_run(
     levels = levels_without_budgets(100)
     assert levels[1] == levels[2]
     assert levels[1] == [1] * 25 + [2] * 25 + [3] * 25 + [4] * 25  # the other methods' tiers without budgets
-    assert levels_without_budgets(10)[1] == [1, 1, 1, 2, 2, 3, 3, 3, 4, 4]
+    assert levels_without_budgets(10)[1] == [1, 1, 2, 2, 3, 3, 3, 4, 4, 4]  # the extra clients at the top levels
 
 
 def levels_of_run(run_dir):

@@ -11,7 +11,7 @@ from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.methods.base import MethodState
 from hfl.server import run_experiment
-from hfl.submodel.ladder import DynamicTiers, Ladder, Level
+from hfl.submodel.ladder import DynamicTiers, Ladder, Level, equal_share
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import RoundContext, TrainSettings
 from tests.conftest import level_cost, method_for, small_config
@@ -43,6 +43,18 @@ def test_clients_without_budgets_split_into_equal_tiers():
     counts = Counter(tiers.tier(context(c), everything) for c in range(100))
     assert counts == {0: 20, 1: 20, 2: 20, 3: 20, 4: 20}
     assert [tiers.tier(context(c), everything) for c in (0, 19, 20, 99)] == [0, 0, 1, 4]
+
+
+def test_unequal_tiers_give_the_extra_clients_to_the_top_tiers_as_table_3s():
+    """Appendix B.7, Table 3: three sub-models over 10 clients, "tier 1 ... 3 ... tier 2 ... 3 ...
+    tier 3 (4 out of 10)"; in general shares differ by one at most, larger at the top, by id."""
+    tiers = DynamicTiers(3, 0, 10)
+    assert [tiers.tier(context(c), everything) for c in range(10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    for clients in range(1, 40):
+        for levels in range(1, 7):
+            shares = [equal_share(c, clients, levels) for c in range(clients)]
+            sizes = [shares.count(k) for k in range(levels)]
+            assert shares == sorted(shares) and sizes == sorted(sizes) and max(sizes) - min(sizes) <= 1
 
 
 def test_tier_windows_are_the_papers_sets():
