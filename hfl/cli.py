@@ -90,6 +90,8 @@ class PretrainProgress:
 
 def config_changes(config: Any, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Dotted field -> (saved value, value in `config`) for every field where they differ."""
+    import dataclasses
+
     import yaml
 
     from hfl.config import flatten
@@ -97,7 +99,8 @@ def config_changes(config: Any, saved: dict[str, Any]) -> dict[str, tuple[Any, A
     # Both sides go through YAML so that tuples and lists compare equal.
     now, before = flatten(yaml.safe_load(yaml.safe_dump(config.to_dict()))), flatten(saved)
     # A field added to hfl after the run was written is absent there: at its default it changes nothing.
-    defaults = flatten(yaml.safe_load(yaml.safe_dump(type(config)().to_dict())))
+    # So is a field of another method than the saved run's, at its default: method.name names the change.
+    defaults = flatten(yaml.safe_load(yaml.safe_dump({**type(config)().to_dict(), "method": dataclasses.asdict(type(config.method)())})))
     return {
         k: (before.get(k), now.get(k)) for k in sorted(set(now) | set(before))
         if now.get(k) != before.get(k) and not (k not in before and k in defaults and now[k] == defaults[k])

@@ -162,6 +162,15 @@ def test_run_into_a_folder_holding_a_run_is_refused_and_keeps_it(tmp_path, capsy
     assert (out / "metrics.jsonl").read_bytes() == metrics
 
 
+def test_resume_with_another_method_names_the_method_not_its_default_fields(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICKSTART), "fl.rounds=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "method.name=heterofl"]) == 2
+    err = capsys.readouterr().err
+    assert "(differs in method.name: 'fedavg' -> 'heterofl')" in err
+
+
 def test_resume_needs_a_checkpoint(tmp_path, capsys):
     assert main(["run", str(QUICKSTART), "--resume", str(tmp_path)]) == 2
     assert "checkpoint" in capsys.readouterr().err
