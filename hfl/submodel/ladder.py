@@ -168,18 +168,13 @@ class Ladder:
             choices = self.tiers.allowed(ctx, lambda k: self.fits(self.levels[k], ctx))
             index = self.tiers.pick(ctx, choices)
         elif self.unbudgeted == "shares" and (ctx.budget is None or ctx.budget.memory_bytes is None):
-            index = self.share_of(ctx)
+            index = equal_share(ctx.client_id, self.num_clients, count)  # as the tiers split clients without budgets
         else:
             index = next((k for k in reversed(range(count)) if self.fits(self.levels[k], ctx)), None)
         if index is None:
             log.info("client %d: not even level %s fits its budget %s", ctx.client_id, self.levels[0].name, ctx.budget)
             return None
         return self.task_for(ctx, self.levels[index], [self.levels[k].name for k in choices])
-
-    def share_of(self, ctx: RoundContext) -> int:
-        """The level of the client's equal share of the clients (`equal_share`), as the dynamic tiers
-        of the other methods split clients without budgets."""
-        return equal_share(ctx.client_id, self.num_clients, len(self.levels))
 
     # -- what was trained, and what is evaluated ------------------------------------------------
     def trained(self, trained_levels: frozenset[str]) -> list[Level]:
