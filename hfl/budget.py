@@ -48,7 +48,7 @@ def describe_task(task: ClientTask) -> str:
 
 def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, round_: int = 1) -> RoundContext:
     fl = config.fl
-    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr)
+    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr, fl.precision)
     return RoundContext(round_, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
 
 

@@ -17,6 +17,7 @@ launch for all of them, which is what fills a GPU when each client's model is sm
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -27,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from hfl.accounting.cost import tensor_bytes
+from hfl.accounting.cost import autocast_for, tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
 from hfl.pruning.nsconv import load_masks
@@ -75,6 +76,31 @@ def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.opt
     if settings.optimizer == "adam":
         return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
     return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
+
+
+class Precision:
+    """What Lightning's precision plugins do around a training step, for the drivers that do not run
+    a Trainer: autocast around the forward pass (`fl.precision` bf16-mixed and 16-mixed) and, for
+    16-mixed, a dynamic gradient scaler that scales the loss, unscales the gradients before the
+    step and skips steps whose gradients overflowed, as `lightning.pytorch.plugins.MixedPrecision`."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        self.precision, self.device_type = precision, device.type
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast_for(self.precision, self.device_type)
+
+    def backward(self, loss: Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.unscale_(optimizer)
+        self.scaler.step(optimizer)
+        self.scaler.update()
 
 
 class ClientModule(nn.Module):
@@ -162,14 +188,18 @@ class ClientModule(nn.Module):
 
 
 def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
-    """Lightning's automatic optimisation, step for step, without a Trainer."""
+    """Lightning's automatic optimisation, step for step, without a Trainer, under the task's
+    precision as Lightning's precision plugin runs it."""
     optimizer = module.configure_optimizers()
+    precision = Precision(module.task.ctx.train.precision, module.device_of_model())
     module.train()
     for _ in range(epochs):
         for i, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
-            module.training_step(batch, i).backward()
-            optimizer.step()
+            with precision.autocast():
+                loss = module.training_step(batch, i)
+            precision.backward(loss)
+            precision.step(optimizer)
             module.on_train_batch_end()
 
 
@@ -202,6 +232,7 @@ def fit_lightning(module: ClientModule, batches: ClientBatches, epochs: int) -> 
         devices=1,
         logger=False,
         enable_checkpointing=False,
+        precision=module.task.ctx.train.precision,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -293,7 +324,9 @@ def trains_together(method: Method, task: ClientTask) -> bool:
     objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
     peers, no masks, nothing narrowed by the client's labels, nothing uploaded beside the weights)."""
     default = type(method).objective is Method.objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
-    return default and not task.spec.masks and not task.peers and not task.present_classes_only
+    # 16-mixed's gradient scaler skips a step when any gradient overflowed: stacked clients would skip together.
+    alone = task.spec.masks or task.peers or task.present_classes_only or task.ctx.train.precision == "16-mixed"
+    return default and not alone
 
 
 def train_clients_together(
@@ -326,6 +359,7 @@ def train_clients_together(
         return method.objective(client, x, y)["loss"]
 
     vectorised = vmap(loss, randomness="different")
+    precision = Precision(tasks[0].ctx.train.precision, device)
     loss_sum = torch.zeros(len(tasks), device=device)
     steps = 0
     model.train()
@@ -335,9 +369,10 @@ def train_clients_together(
             for pairs in zip(*batches, strict=True):
                 x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
                 optimizer.zero_grad(set_to_none=True)
-                losses = vectorised(params, buffers, x, y)
-                losses.sum().backward()
-                optimizer.step()
+                with precision.autocast():
+                    losses = vectorised(params, buffers, x, y)
+                precision.backward(losses.sum())
+                precision.step(optimizer)
                 loss_sum += losses.detach()
                 steps += 1
     mean_losses = (loss_sum / max(steps, 1)).tolist()

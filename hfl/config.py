@@ -96,6 +96,8 @@ class DataConfig:
 
 TRANSFORMERS = ("gpt", "vit")
 """Name prefixes of the models a pretrained family (`hfl pretrain`) can start."""
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+"""`fl.precision`'s choices: Lightning's names of float32 and of bfloat16 and float16 autocast."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,12 @@ class FLConfig:
     eval_spill_dir: str = ""
     """blockwise: folder for the kept activations (one file per block, deleted once read); empty
     keeps them in host memory."""
+    precision: str = "32-true"
+    """Clients' training precision, in Lightning's names: 32-true (float32), bf16-mixed (bfloat16
+    autocast: activations in bf16, weights, gradients and optimiser state in float32) or 16-mixed
+    (float16 autocast with a dynamic gradient scaler; CUDA only). Budgets, `hfl budget` and the
+    sub-model each client gets follow it: the accountant measures training under it. Evaluation
+    stays float32."""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
@@ -195,6 +203,7 @@ class FLConfig:
         check_choice("optimizer", self.optimizer, ("sgd", "adam"))
         check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "a number in (0, 1]")
         check_choice("eval_mode", self.eval_mode, ("standard", "blockwise"))
+        check_choice("precision", self.precision, PRECISIONS)
         check(not self.eval_spill_dir or self.eval_mode == "blockwise", "eval_spill_dir", self.eval_spill_dir,
               "empty unless eval_mode is blockwise")
 

@@ -164,6 +164,9 @@ class ClientEnvironment:
     def from_config(cls, config: ExperimentConfig, device: torch.device | None = None) -> ClientEnvironment:
         import_plugins(config.plugins)  # a Ray actor's config arrives pickled: its plug-ins are not imported yet
         device = device or resolve_device(config.backend.device)
+        if config.fl.precision == "16-mixed" and device.type != "cuda":  # Lightning would silently train bf16 instead
+            raise ConfigError("fl.precision", config.fl.precision, "32-true or bf16-mixed where clients train on the CPU "
+                              "(float16 autocast with a gradient scaler needs CUDA)")
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
             torch.backends.cudnn.enabled = uses_cudnn(config)
@@ -360,6 +363,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
         weight_decay=config.fl.weight_decay,
         input_dtype=data.input_dtype,
         conv_workspace=clients_train_on_cuda(config) and not uses_cudnn(config),
+        precision=config.fl.precision,
         shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
     )
 

@@ -39,7 +39,7 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
 
 
 def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
-    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr)
+    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr, fl.precision)
 
 
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:

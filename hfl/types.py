@@ -29,6 +29,8 @@ class TrainSettings:
     initial_lr: float | None = None
     """The schedule's rate at round 1 (η₀, for rates relative to it: FedMef's budgeted rate); None:
     this round's `lr`."""
+    precision: str = "32-true"
+    """`fl.precision`: float32, or the autocast (and gradient scaler) of mixed precision."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ from hfl.models.base import ScalableModel
 
 log = logging.getLogger(__name__)
 
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+"""The autocast dtype of each mixed `fl.precision` (32-true runs without autocast)."""
+
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 """Optimiser state per trainable parameter, in parameter-sized copies."""
 
@@ -152,6 +155,13 @@ def conv_workspace_bytes(conv: nn.Conv2d, output: Tensor) -> int:
     return (channels // groups) * kh * kw * positions * output.element_size()
 
 
+def autocast_for(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """The forward pass's autocast under `precision` (`fl.precision`) on `device_type`, as Lightning's
+    MixedPrecision plugin enters it around a training step; 32-true: none."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
 def _train_step(
     model: nn.Module,
     x: Tensor,
@@ -160,14 +170,16 @@ def _train_step(
     opt: torch.optim.Optimizer | None,
     saving: contextlib.AbstractContextManager = contextlib.nullcontext(),
     counter: TotalFlopCounterMode | None = None,
+    precision: str = "32-true",
 ) -> tuple[int, int]:
-    """One training step as a client runs it (zero_grad, forward under `saving`, backward,
-    optimiser step); with `counter`, the forward and backward FLOPs it counts around those two."""
+    """One training step as a client runs it (zero_grad, forward under `saving` and `precision`'s
+    autocast, backward, optimiser step); with `counter`, the forward and backward FLOPs it counts
+    around those two."""
     if opt is not None:
         opt.zero_grad(set_to_none=True)
     forward = backward = 0
     with counter if counter is not None else contextlib.nullcontext():
-        with saving:
+        with saving, autocast_for(precision, x.device.type):
             loss = step(model, x, y)
         if counter is not None:
             forward = counter.get_total_flops()
@@ -191,6 +203,7 @@ def _measure_steps(
     record_only: nn.Module | None,
     count_flops: bool,
     conv_workspace: bool,
+    precision: str,
 ) -> _StepMeasurement:
     """Two training steps of `model` on batch (x, y), the second (steady: the optimiser's state
     exists) under the live-storage tracker, which starts from the gradients and state the first left;
@@ -214,7 +227,7 @@ def _measure_steps(
     try:
         # The first step creates the optimiser's state. It runs untracked (the dispatch mode is most
         # of a measurement's time), and the steady step's count starts from what it left alive.
-        _train_step(model, x, y, step, opt)
+        _train_step(model, x, y, step, opt, precision=precision)
         held = [p.grad for p in trainable if p.grad is not None]
         if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
             held += [t for state in opt.state.values() for k, t in state.items() if isinstance(t, Tensor) and k != "step"]
@@ -223,7 +236,7 @@ def _measure_steps(
             del held
             counter = TotalFlopCounterMode() if count_flops else None
             saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
-            forward, backward = _train_step(model, x, y, step, opt, saving, counter)
+            forward, backward = _train_step(model, x, y, step, opt, saving, counter, precision)
     finally:
         tracker.stop()
         for hook in hooks:
@@ -265,6 +278,7 @@ def measure_training_cost(
     input_dtype: torch.dtype = torch.float32,
     conv_workspace: bool = False,
     in_place: bool = False,
+    precision: str = "32-true",
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
     `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
@@ -275,17 +289,22 @@ def measure_training_cost(
     unfolded input (`conv_workspace_bytes`), which CUDA allocates outside torch's tensors when cuDNN
     is off, as hfl trains clients with budgets. The model is copied, so its weights and statistics stay
     unchanged; `in_place` trains `model` itself instead (one built for this measurement alone; not
-    copying a PreResNet-20 makes measuring it about 10 % faster)."""
+    copying a PreResNet-20 makes measuring it about 10 % faster). `precision` (`fl.precision`) runs
+    the forward pass under its autocast, as clients do: the activations saved in bfloat16 are what
+    mixed precision saves. 16-mixed is measured as bf16-mixed (the same element sizes and autocast
+    lists; its gradient scaler adds one scalar)."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_COPIES)}, got {optimizer!r}")
     probe = (model if in_place else copy.deepcopy(model)).train()
     region = probe.get_submodule(record_only) if record_only else None
     gen = torch.Generator().manual_seed(0)
+    # Autocast to float16 on the CPU (where the accountant measures) is slow; its tensors are bf16's sizes.
+    measured_as = "bf16-mixed" if precision == "16-mixed" else precision
 
     def measured(size: int) -> _StepMeasurement:
         x, y = example_batch(input_shape, num_classes, size, gen, input_dtype)
         with torch.random.fork_rng(devices=[]):
-            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops, conv_workspace)
+            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops, conv_workspace, measured_as)
 
     # Batches of 2 and 4 (batch norm refuses a single sample on 1x1 feature maps) fix every moment's
     # affine function of the batch size.

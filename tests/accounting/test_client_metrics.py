@@ -39,11 +39,14 @@ def test_budget_command_prints_tables_and_json(tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("model", "batch"), [("preresnet20", 32), ("preresnet20", 128), ("resnet18", 32), ("vit", 128)])
-def test_estimate_within_five_percent_of_cuda_measurement(tmp_path, model, batch):
-    # cuDNN off, as where budgets are enforced: its workspace is no tensor the estimate could count.
+@pytest.mark.parametrize(("model", "batch", "precision"), [("preresnet20", 32, "32-true"), ("preresnet20", 128, "32-true"),
+                                                        ("resnet18", 32, "32-true"), ("vit", 128, "32-true"),
+                                                        ("preresnet20", 128, "bf16-mixed"), ("resnet18", 32, "bf16-mixed"),
+                                                        ("vit", 128, "bf16-mixed")])
+def test_estimate_within_five_percent_of_cuda_measurement(tmp_path, model, batch, precision):
+    # cuDNN off: its workspace is no tensor the estimate could count (budgeted clients cap it instead).
     config = small_config(data={"name": "synthetic", "partition": "iid"}, model={"name": model}, backend={"device": "cuda", "cudnn": "off"},
-                          fl={"rounds": 1, "clients": 4, "fraction": 0.5, "batch_size": batch, "weight_decay": 5e-4})
+                          fl={"rounds": 1, "clients": 4, "fraction": 0.5, "batch_size": batch, "weight_decay": 5e-4, "precision": precision})
     run_experiment(config, tmp_path)
     for client in read_metrics(tmp_path)[0]["clients"]:
         ratio = client["estimated_peak_bytes"] / client["measured_peak_bytes"]
@@ -63,8 +66,9 @@ def live_tensor_peak(env, state, task) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "batch"), [("whole", 4), ("frozen prefix", 4), ("fedepth stages", 8)])
-def test_estimate_matches_what_a_cpu_client_round_holds(case, batch):
+@pytest.mark.parametrize(("case", "batch", "precision"), [("whole", 4, "32-true"), ("frozen prefix", 4, "32-true"), ("fedepth stages", 8, "32-true"),
+                                                       ("whole", 16, "bf16-mixed"), ("fedepth stages", 8, "bf16-mixed")])
+def test_estimate_matches_what_a_cpu_client_round_holds(case, batch, precision):
     """The estimate against the real client path (data batches, the client module, the optimiser,
     stage after stage): within 1 % of the tensors it holds at its peak. ResNet-18 at small batches,
     where weights dominate: the optimiser's temporaries and every stage's gradients matter."""
@@ -78,7 +82,7 @@ def test_estimate_matches_what_a_cpu_client_round_holds(case, batch):
     fedepth = case == "fedepth stages"
     config = small_config(data={"name": "synthetic", "partition": "iid"}, model={"name": "resnet18", "width": 0.5},
                           method={"name": "fedepth" if fedepth else "fedavg"}, budgets={"scenario": "fair" if fedepth else "none"},
-                          fl={"clients": 32, "batch_size": batch, "weight_decay": 5e-4})
+                          fl={"clients": 32, "batch_size": batch, "weight_decay": 5e-4, "precision": precision})
     env = ClientEnvironment.from_config(config)
     state = initial_state(config, env).global_state
     settings = train_settings(config.fl, 1)
