@@ -294,7 +294,14 @@ class BackendConfig:
     by what the nodes advertising the tier (their CPUs, GPUs and tier units) can host."""
     num_gpus_per_client: float = 0.0
     """ray, on GPUs: the share of a GPU each client actor reserves, so 1/n runs n clients at once on
-    one GPU; 0: the client's memory budget over the GPU's memory (a whole GPU without budgets)."""
+    one GPU; 0: the client's memory budget over the GPU's memory (a whole GPU without budgets). Applies
+    to the tiers whose nodes have GPUs; a tier whose nodes have none runs on CPU actors."""
+    num_gpus_per_tier: tuple[str, ...] = ()
+    """ray, on GPUs: TIER:SHARE rules (e.g. [large:0.5, small:0.125]) that set one tier's GPU share,
+    over num_gpus_per_client and the budget; SHARE 0 runs that tier on CPU actors."""
+    tier_strict: bool = False
+    """ray: where no live node advertises a tier (`hfl_tier_<name>`), stop the run with one line and the
+    command that resumes it, instead of running that tier's clients on CPU actors of other nodes."""
     batch_clients: int = 1
     """local and ray: train up to this many clients of the same sub-model shape at once, as one
     vectorised model (torch.func.vmap); 1 trains one after the other. Faster for small models on a
@@ -324,6 +331,10 @@ class BackendConfig:
         check(self.num_cpus_per_client > 0, "num_cpus_per_client", self.num_cpus_per_client, "a number > 0")
         check(self.actors_per_pool >= 0, "actors_per_pool", self.actors_per_pool, "an integer >= 0")
         check(0 <= self.num_gpus_per_client <= 1, "num_gpus_per_client", self.num_gpus_per_client, "a number in [0, 1] (0: from the budget)")
+        for rule in self.num_gpus_per_tier:
+            tier, _, share = rule.rpartition(":")
+            ok = bool(tier) and share.replace(".", "", 1).isdigit() and float(share) <= 1
+            check(ok, "num_gpus_per_tier", rule, "TIER:SHARE with SHARE a number in [0, 1], e.g. large:0.5")
         check(self.batch_clients >= 1, "batch_clients", self.batch_clients, "an integer >= 1")
         check(self.client_timeout_s >= 0, "client_timeout_s", self.client_timeout_s, "a number >= 0 (0: no timeout)")
         if self.gpu_memory:

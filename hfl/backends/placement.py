@@ -65,19 +65,33 @@ def pool_sizes(nodes: Sequence[Mapping[str, float]], demands: Mapping[str, PoolD
     return sizes
 
 
+def tier_gpu_shares(backend: BackendConfig) -> dict[str, float]:
+    """`backend.num_gpus_per_tier` as {tier: share}."""
+    return {rule.rpartition(":")[0]: float(rule.rpartition(":")[2]) for rule in backend.num_gpus_per_tier}
+
+
 def gpus_per_actor(backend: BackendConfig, pool: str, budgets: Sequence[ClientBudget | None], hosts: Sequence[Mapping[str, float]],
-                   device_memory: int | None) -> float:
-    """The GPUs each actor of `pool` asks for: `backend.num_gpus_per_client` where set, else the
-    largest memory budget of its clients over `device_memory`, the memory of one GPU (a whole GPU
-    without budgets); 0 where the pool's nodes, `hosts`, advertise no GPU or the run is on the CPU."""
+                   device_memory: int | None, *, fallback: bool = False) -> float:
+    """The GPUs each actor of `pool` asks for: the tier's share in `backend.num_gpus_per_tier`, else
+    `backend.num_gpus_per_client` where set, else the largest memory budget of its clients over
+    `device_memory`, the memory of one GPU (a whole GPU without budgets); 0 where the pool's nodes,
+    `hosts`, advertise no GPU or the run is on the CPU. A `fallback` pool (the shared pool of a tiered
+    cluster: clients of tiers no node advertises, or whose nodes are gone) asks for GPUs only where
+    `backend.device=cuda` requires them: its clients were meant for other hardware, and a GPU share
+    would keep its actors from starting on the CPUs the cluster has free."""
     has_gpus = any(node.get("GPU", 0) > 0 for node in hosts)
     where = "the cluster's nodes" if pool == SHARED_POOL else f"the nodes advertising {tier_resource(pool)}"
-    if backend.num_gpus_per_client and not has_gpus:
-        raise ConfigError("backend.num_gpus_per_client", backend.num_gpus_per_client, f"0 for the clients of tier {pool}: {where} advertise no GPU")
-    if backend.device == "cpu" or not has_gpus:
+    share = tier_gpu_shares(backend).get(pool)
+    if share and not has_gpus:
+        raise ConfigError("backend.num_gpus_per_tier", list(backend.num_gpus_per_tier), f"{pool}:0 (or no rule for it): {where} advertise no GPU")
+    if backend.num_gpus_per_client and not has_gpus and pool == SHARED_POOL and not fallback and backend.device != "cpu":
+        # The one pool of an untiered cluster: the share would be honoured nowhere. (A tier whose
+        # nodes have no GPU runs on CPU actors instead, so that one CPU tier forbids no other's share.)
+        raise ConfigError("backend.num_gpus_per_client", backend.num_gpus_per_client, f"0: {where} advertise no GPU")
+    if backend.device == "cpu" or not has_gpus or share == 0 or (fallback and backend.device != "cuda"):
         return 0.0
-    if backend.num_gpus_per_client:
-        return backend.num_gpus_per_client
+    if share or backend.num_gpus_per_client:
+        return share or backend.num_gpus_per_client
     memory = [b.memory_bytes for b in budgets if b is not None]
     if not memory or None in memory:
         return 1.0

@@ -53,6 +53,26 @@ def test_a_gpu_share_that_cannot_be_decided_or_placed_is_a_config_error():
     with pytest.raises(ConfigError) as info:  # a CPU head, GPU workers, budgets, and no GPU memory given
         gpus_per_actor(BackendConfig(), "w1", [budget("w1", 300)], [GPU_WORKER], device_memory=None)
     assert info.value.field == "backend.gpu_memory" and "hfl_tier_w1" in info.value.allowed
-    with pytest.raises(ConfigError) as info:
-        gpus_per_actor(BackendConfig(num_gpus_per_client=0.5), "w1", [budget("w1", 300)], [HEAD], device_memory=None)
+    with pytest.raises(ConfigError) as info:  # a tier's own share where its nodes have no GPU
+        gpus_per_actor(BackendConfig(num_gpus_per_tier=("w1:0.5",)), "w1", [budget("w1", 300)], [HEAD], device_memory=None)
+    assert info.value.field == "backend.num_gpus_per_tier" and "advertise no GPU" in info.value.allowed
+    with pytest.raises(ConfigError) as info:  # the one pool of a cluster without GPUs: honoured nowhere
+        gpus_per_actor(BackendConfig(num_gpus_per_client=0.5), SHARED_POOL, [budget("w1", 300)], [HEAD], device_memory=None)
     assert info.value.field == "backend.num_gpus_per_client" and "advertise no GPU" in info.value.allowed
+
+
+def test_gpu_shares_are_per_tier_and_a_cpu_tier_forbids_no_other_tier_its_share():
+    # Issue 46: one CPU-only tier used to refuse backend.num_gpus_per_client for every tier.
+    backend = BackendConfig(num_gpus_per_client=0.25, num_gpus_per_tier=("big:0.5", "w1:0"))
+    assert gpus_per_actor(backend, "small", [budget("small", 100)], [HEAD], device_memory=None) == 0.0  # CPU-only tier
+    assert gpus_per_actor(backend, "mid", [budget("mid", 100)], [GPU_WORKER], device_memory=None) == 0.25
+    assert gpus_per_actor(backend, "big", [budget("big", 100)], [GPU_WORKER], device_memory=None) == 0.5  # its own share
+    assert gpus_per_actor(backend, "w1", [budget("w1", 100)], [GPU_WORKER], device_memory=None) == 0.0  # share 0: CPU actors
+
+
+def test_the_fallback_pool_of_a_tiered_cluster_asks_for_cpus_only_unless_cuda_is_asked_for():
+    # Issue 46: clients of a tier no node advertises asked for GPU shares and waited while CPUs sat free.
+    tier = [budget("gone", 300)]
+    assert gpus_per_actor(BackendConfig(), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30, fallback=True) == 0.0
+    assert gpus_per_actor(BackendConfig(device="cuda"), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30, fallback=True) > 0
+    assert gpus_per_actor(BackendConfig(), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30) > 0  # an untiered cluster's GPUs
