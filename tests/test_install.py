@@ -59,3 +59,58 @@ def test_a_local_build_label_is_the_recorded_release(monkeypatch):
     monkeypatch.setattr(recorded.importlib.metadata, "version", {"torch": "2.14.1+cu130", "torchvision": "0.29.1+cpu"}.get)
     monkeypatch.setenv(REQUIRE_ENV, "1")
     assert outcome_of_requiring_recorded_builds() == ("passed", "")
+
+
+def requirement_closure(name: str, extras: tuple[str, ...] = ()) -> set[str]:
+    """The distributions `pip install NAME[extras]` installs: NAME's requirements under those extras,
+    theirs, and so on, as the installed distributions declare them (normalised names)."""
+    from packaging.utils import canonicalize_name
+
+    found: set[str] = set()
+    pending = [(name, extras)]
+    while pending:
+        dist, wanted = pending.pop()
+        if canonicalize_name(dist) in found:
+            continue
+        found.add(canonicalize_name(dist))
+        try:
+            requires = importlib.metadata.requires(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an optional requirement whose marker held but which is absent: pip would have failed
+        for requirement in map(Requirement, requires):
+            environments = [{"extra": extra} for extra in wanted] or [{"extra": ""}]
+            if requirement.marker is None or any(requirement.marker.evaluate(env) for env in environments):
+                pending.append((requirement.name, tuple(requirement.extras)))
+    return found
+
+
+def imported_modules(paths) -> set[str]:
+    """The top-level modules the files import or `pytest.importorskip`, anywhere in them."""
+    import ast
+
+    modules: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                modules.add(node.args[0].value.split(".")[0])
+    return modules
+
+
+def test_every_module_the_tests_import_comes_from_the_readme_test_command():
+    """A test needs only what `pip install -e ".[dev]"` installs: a module installed by hand (optuna
+    once was, on the machine CI ran on) would let the suite pass there and fail on a fresh clone."""
+    import sys
+
+    from packaging.utils import canonicalize_name
+
+    modules = imported_modules(sorted((ROOT / "tests").rglob("*.py"))) - set(sys.stdlib_module_names) - {"hfl", "tests", "__future__"}
+    providers = importlib.metadata.packages_distributions()
+    closure = requirement_closure("hfl", ("dev",))
+    missing = {m: providers.get(m, ["not installed"]) for m in modules
+               if not {canonicalize_name(d) for d in providers.get(m, [])} & closure}
+    assert missing == {}, 'add them to the dev extra in pyproject.toml (or make their tests skip, naming the extra)'
