@@ -20,10 +20,12 @@ on the 3-block GPT and the ViT at batch 32: HetLoRA's adapters (`hetlora`, the s
 largest rank) and FedHM's low-rank factors (`fedhm`, likewise), each a ladder level as `plan` would
 pick it for a client whose budget holds that level.
 
-    python benchmarks/memory_accuracy.py [--device cuda] [--cudnn off|on] [--json out.json] [--quick] [--kinds whole,gpt,hetlora,...]
+    python benchmarks/memory_accuracy.py [--device cuda] [--cudnn off|on] [--precision 32-true|bf16-mixed] [--json out.json] [--quick] [--kinds whole,gpt,hetlora,...]
 
-`--cudnn on` measures with cuDNN's convolutions, whose workspace (no tensor) the estimate does not
-count; hfl turns cuDNN off where budgets are enforced (`backend.cudnn`), and so does this table by default.
+`--cudnn on` measures with cuDNN's convolutions, whose workspace the estimate of an unbudgeted client
+does not count (budgeted clients cap it and the estimate counts the cap: `benchmarks/gpu_budgets.py`);
+this table runs without cuDNN by default. `--precision bf16-mixed` trains and estimates every row
+under bf16 autocast (`fl.precision`).
 
 Prints a Markdown table; the last line gives the largest |estimate/measured - 1|.
 """
@@ -59,7 +61,8 @@ BATCHES = (32, 128)
 MiB = 2**20
 
 
-def experiment(model: str, width: float, batch: int, device: str, cudnn: str, method: str = "fedavg", budgets: str = "none"):
+def experiment(model: str, width: float, batch: int, device: str, cudnn: str, method: str = "fedavg", budgets: str = "none",
+               precision: str = "32-true"):
     # Text: one window per 256 characters (stride = seq_len) keeps a client-round to a few batches.
     data = ({"name": "shakespeare", "partition": "natural", "seq_len": 256, "stride": 256} if model.startswith("gpt")
             else {"name": "synthetic", "partition": "iid"})
@@ -70,7 +73,7 @@ def experiment(model: str, width: float, batch: int, device: str, cudnn: str, me
         "method": {"name": method},
         "budgets": {"scenario": budgets},
         "fl": {"rounds": 1, "clients": 4, "fraction": 1.0, "local_epochs": 1, "batch_size": batch, "lr": 0.05,
-               "momentum": 0.9, "weight_decay": 5e-4},
+               "momentum": 0.9, "weight_decay": 5e-4, "precision": precision},
         "backend": {"device": device, "threads": 8, "cudnn": cudnn},
     })
 
@@ -116,7 +119,7 @@ def low_rank_levels(env: ClientEnvironment, kind: str, ctx: RoundContext) -> lis
     return [(f"{what}, rank {level.options.rank}", ladder.task_for(ctx, level)) for level in (ladder.levels[0], ladder.levels[-1])]
 
 
-def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = "off") -> list[dict[str, Any]]:
+def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = "off", precision: str = "32-true") -> list[dict[str, Any]]:
     models = MODELS[:1] if quick else MODELS
     widths = WIDTHS[:1] if quick else WIDTHS
     batches = BATCHES[:1] if quick else BATCHES
@@ -134,7 +137,7 @@ def rows(device: str, quick: bool, kinds: tuple[str, ...] = KINDS, cudnn: str = 
         started = time.perf_counter()
         fedepth = kind == "fedepth"
         method = kind if kind in ("fedepth", "fedmef", *LOW_RANK) else "fedavg"
-        config = experiment(model, width, batch, device, cudnn, method, "fair" if fedepth else "none")
+        config = experiment(model, width, batch, device, cudnn, method, "fair" if fedepth else "none", precision)
         env = ClientEnvironment.from_config(config)
         state = initial_state(config, env).global_state  # on the device, as the server holds it
         settings = train_settings(config.fl, 1)
@@ -183,12 +186,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one model, width and batch per kind")
     parser.add_argument("--cudnn", default="off", choices=["off", "on"],
                         help="backend.cudnn: off, as hfl trains clients with budgets; on adds cuDNN's workspace to the measurement")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="fl.precision of every row")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {', '.join(KINDS)}")
     args = parser.parse_args()
     kinds = tuple(args.kinds.split(","))
     if not set(kinds) <= set(KINDS):
         parser.error(f"--kinds {args.kinds!r}: a comma-separated subset of {', '.join(KINDS)}")
-    found = rows(args.device, args.quick, kinds, args.cudnn)
+    found = rows(args.device, args.quick, kinds, args.cudnn, args.precision)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "rows": found}, f, indent=1)

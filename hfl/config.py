@@ -273,14 +273,16 @@ class BackendConfig:
     device: str = "auto"
     """auto (CUDA when available), cpu or cuda."""
     cudnn: str = "auto"
-    """On CUDA, whether convolutions use cuDNN: on, off, or auto (off exactly when clients have memory
-    budgets). cuDNN allocates workspace that is no tensor and that its algorithm choice sizes: on an
-    H200 it took measured peaks up to 3.3x the estimate (FeDepth's first block at batch 128: 191.5 vs
-    58.6 MiB); without it the measured peaks were within 3.3 % of the estimate (H100). Budgets are
-    measured and capped as the estimate counts them. Without cuDNN, PyTorch's CUDA convolution
-    unfolds and multiplies one image at a time (a GEMM per image and layer), which is slower; how much
-    is not measured yet (`benchmarks/gpu_clients.py` compares). 'on' keeps cuDNN's convolutions; under
-    Ray's per-client cap, PyTorch shrinks cuDNN's workspace when it does not fit."""
+    """On CUDA, how convolutions run. auto: cuDNN with deterministic algorithms (the same numbers
+    every run) and, where clients have memory budgets, its workspace capped at `cudnn_workspace_mib`,
+    which the estimate counts. on: cuDNN as PyTorch configures it (its fastest heuristic choice, any
+    workspace: on an H200 that took measured peaks up to 3.3x the estimate, FeDepth's first block at
+    batch 128: 191.5 vs 58.6 MiB). off: no cuDNN; PyTorch's own CUDA convolution unfolds one image at a
+    time (a GEMM per image and layer: slow), and the estimate counts its unfolded input."""
+    cudnn_workspace_mib: int = 4
+    """auto, with budgets: cuDNN's convolution workspace cap in MiB (cuDNN's own CUDNN_CONV_WSCAP_DBG,
+    set for the process before its first convolution), counted once in every client's estimated
+    peak, since one convolution runs at a time."""
     trainer: str = "fast"
     """Client loop: fast (hfl's lean driver of the client module's Lightning hooks; never imports
     Lightning) or lightning (the module as a LightningModule under lightning.Trainer; same results, slower)."""
@@ -327,6 +329,7 @@ class BackendConfig:
     def __post_init__(self) -> None:
         check_choice("name", self.name, BACKENDS.names())
         check_choice("cudnn", self.cudnn, ("auto", "on", "off"))
+        check(self.cudnn_workspace_mib >= 0, "cudnn_workspace_mib", self.cudnn_workspace_mib, "an integer >= 0 (MiB)")
         check(self.threads >= 1, "threads", self.threads, "an integer >= 1")
         check(self.num_cpus_per_client > 0, "num_cpus_per_client", self.num_cpus_per_client, "a number > 0")
         check(self.actors_per_pool >= 0, "actors_per_pool", self.actors_per_pool, "an integer >= 0")

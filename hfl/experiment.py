@@ -4,6 +4,7 @@ method, budgets) and the models built for it. Every backend trains its clients i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from hfl.registry import METHODS, import_plugins
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict
+
+log = logging.getLogger(__name__)
 
 
 def server_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,9 +92,41 @@ def resolve_device(name: str) -> torch.device:
 
 
 def uses_cudnn(config: ExperimentConfig) -> bool:
-    """Whether clients on CUDA run cuDNN (`backend.cudnn`; auto: not where budgets are enforced)."""
+    """Whether clients on CUDA run cuDNN's convolutions (`backend.cudnn` auto or on)."""
+    return config.backend.cudnn != "off"
+
+
+CUDNN_WORKSPACE_CAP = "CUDNN_CONV_WSCAP_DBG"
+"""cuDNN's own cap, in MiB, on the workspace of the convolution plans its heuristics offer; read by
+cuDNN, so it must be in the environment before the process's first convolution."""
+
+
+def caps_cudnn_workspace(config: ExperimentConfig) -> bool:
+    """Whether clients cap cuDNN's workspace (`backend.cudnn` auto with memory budgets)."""
+    return config.backend.cudnn == "auto" and config.budgets.enabled
+
+
+def cudnn_workspace_bytes(config: ExperimentConfig) -> int:
+    """What a client's estimated peak counts for cuDNN's workspace: the cap where clients train on
+    CUDA and cap it, else 0 (the CPU has no cuDNN; without budgets nothing is held to an estimate)."""
+    return config.backend.cudnn_workspace_mib * 2**20 if caps_cudnn_workspace(config) and clients_train_on_cuda(config) else 0
+
+
+def configure_cudnn(config: ExperimentConfig) -> None:
+    """Set this process's cuDNN as `backend.cudnn` asks, before its first convolution. Heuristic
+    algorithm choice (no timing search: the same plans every run, and none of the search's
+    workspace); under auto, deterministic plans and, with budgets, the workspace cap the estimate
+    counts. A cap already in the environment stays (cuDNN may have read it): a different one is logged."""
     choice = config.backend.cudnn
-    return choice == "on" or (choice == "auto" and not config.budgets.enabled)
+    torch.backends.cudnn.enabled = choice != "off"
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = choice == "auto"
+    if caps_cudnn_workspace(config):
+        wanted = str(config.backend.cudnn_workspace_mib)
+        found = os.environ.setdefault(CUDNN_WORKSPACE_CAP, wanted)
+        if found != wanted:
+            log.warning("%s=%s is set in the environment: cuDNN's workspace is capped at %s MiB, while the estimates count "
+                        "backend.cudnn_workspace_mib=%s", CUDNN_WORKSPACE_CAP, found, found, wanted)
 
 
 def clients_train_on_cuda(config: ExperimentConfig) -> bool:
@@ -169,7 +204,7 @@ class ClientEnvironment:
                               "(float16 autocast with a gradient scaler needs CUDA)")
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
-            torch.backends.cudnn.enabled = uses_cudnn(config)
+            configure_cudnn(config)
             use_expandable_segments()
             warm_up_cuda(device)
         d = config.data
@@ -363,6 +398,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
         weight_decay=config.fl.weight_decay,
         input_dtype=data.input_dtype,
         conv_workspace=clients_train_on_cuda(config) and not uses_cudnn(config),
+        cudnn_workspace=cudnn_workspace_bytes(config),
         precision=config.fl.precision,
         shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
     )

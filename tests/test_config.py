@@ -128,14 +128,21 @@ def test_exponent_notation_without_a_dot_is_a_number():
         load_config(QUICKSTART, ["fl.lr=fast"])
 
 
-@pytest.mark.parametrize(("choice", "budgets", "expected"), [
-    ("auto", {}, True), ("auto", {"scenario": "fair"}, False), ("on", {"scenario": "fair"}, True), ("off", {}, False)])
-def test_cudnn_is_off_where_budgets_are_measured_unless_chosen(choice, budgets, expected):
-    """cuDNN's workspace is no tensor: with budgets (auto) clients train without it, so that the
-    measured and capped peak is what the estimate counts (benchmarks/RESULTS.md, GPU section)."""
-    from hfl.backends.base import uses_cudnn
+@pytest.mark.parametrize(("choice", "budgets", "cudnn", "capped"), [
+    ("auto", {}, True, False), ("auto", {"scenario": "fair"}, True, True), ("on", {"scenario": "fair"}, True, False),
+    ("off", {"scenario": "fair"}, False, False)])
+def test_cudnn_runs_unless_off_and_auto_caps_its_workspace_under_budgets(choice, budgets, cudnn, capped):
+    """Budgeted clients run cuDNN with its workspace capped (auto), so that the measured and capped
+    peak is what the estimate counts; 'on' leaves cuDNN's workspace unbounded, 'off' runs without it."""
+    from hfl.experiment import caps_cudnn_workspace, uses_cudnn
 
-    assert uses_cudnn(small_config(backend={"device": "cpu", "cudnn": choice}, budgets=budgets)) is expected
+    config = small_config(backend={"device": "cpu", "cudnn": choice}, budgets=budgets)
+    assert (uses_cudnn(config), caps_cudnn_workspace(config)) == (cudnn, capped)
+
+
+def test_a_negative_cudnn_workspace_names_the_field():
+    with pytest.raises(ConfigError, match=r"backend\.cudnn_workspace_mib.*-1"):
+        small_config(backend={"cudnn_workspace_mib": -1})
 
 
 def test_an_unknown_cudnn_choice_names_the_field_and_the_choices():

@@ -157,8 +157,12 @@ def test_conv_workspace_adds_the_largest_unfolded_input_once():
     assert conv_workspace_bytes(nn.Conv2d(4, 8, 3, groups=2), out) == 2 * 9 * 25 * 4
 
 
-def test_clients_on_cuda_without_cudnn_count_the_conv_workspace():
-    from hfl.experiment import ClientEnvironment, clients_train_on_cuda, uses_cudnn
+def test_clients_on_cuda_count_the_workspace_of_their_convolutions():
+    """Without cuDNN the unfolded input; with it under budgets (auto) the workspace cap, which the
+    process sets for cuDNN before its first convolution."""
+    import os
+
+    from hfl.experiment import CUDNN_WORKSPACE_CAP, ClientEnvironment, clients_train_on_cuda, configure_cudnn
     from tests.conftest import small_config
 
     budgeted = {"scenario": "fair"}
@@ -168,11 +172,32 @@ def test_clients_on_cuda_without_cudnn_count_the_conv_workspace():
     assert clients_train_on_cuda(small_config(backend={**auto, "name": "ray", "num_gpus_per_client": 0.5}))
     assert clients_train_on_cuda(small_config(backend={**auto, "name": "ray", "gpu_memory": "80GB"}))
     assert clients_train_on_cuda(small_config(backend=auto)) == torch.cuda.is_available()
-    assert not uses_cudnn(small_config(budgets=budgeted)) and uses_cudnn(small_config())
-    # A CPU head planning for GPU actors: budgets turn cuDNN off there, so its estimates count the workspace.
+    # A CPU head planning for GPU actors counts what they will hold.
     ray_gpus = {**auto, "name": "ray", "num_gpus_per_client": 0.5}
-    assert ClientEnvironment.from_config(small_config(backend=ray_gpus, budgets=budgeted)).accountant.conv_workspace
-    assert not ClientEnvironment.from_config(small_config(backend=ray_gpus)).accountant.conv_workspace
+    off = ClientEnvironment.from_config(small_config(backend={**ray_gpus, "cudnn": "off"}, budgets=budgeted)).accountant
+    capped = ClientEnvironment.from_config(small_config(backend={**ray_gpus, "cudnn_workspace_mib": 3}, budgets=budgeted)).accountant
+    unbudgeted = ClientEnvironment.from_config(small_config(backend=ray_gpus)).accountant
+    cpu = ClientEnvironment.from_config(small_config(backend={"device": "cpu"}, budgets=budgeted)).accountant
+    assert (off.conv_workspace, off.cudnn_workspace) == (True, 0)
+    assert (capped.conv_workspace, capped.cudnn_workspace) == (False, 3 * 2**20)
+    assert (unbudgeted.conv_workspace, unbudgeted.cudnn_workspace) == (False, 0)
+    assert (cpu.conv_workspace, cpu.cudnn_workspace) == (False, 0)
+    from hfl.models import build_model
+
+    model = build_model("preresnet20", 3, 10, width=0.25)
+    extra = measure_training_cost(model, (3, 32, 32), 10, 8, cudnn_workspace=3 * 2**20).peak_bytes
+    assert extra - measure_training_cost(model, (3, 32, 32), 10, 8).peak_bytes == 3 * 2**20
+    saved = os.environ.pop(CUDNN_WORKSPACE_CAP, None)
+    try:
+        configure_cudnn(small_config(backend={"cudnn_workspace_mib": 3}, budgets=budgeted))
+        assert os.environ[CUDNN_WORKSPACE_CAP] == "3" and torch.backends.cudnn.deterministic
+        configure_cudnn(small_config(backend={"cudnn_workspace_mib": 5}, budgets=budgeted))
+        assert os.environ[CUDNN_WORKSPACE_CAP] == "3"  # cuDNN may have read the first: it stays
+    finally:
+        os.environ.pop(CUDNN_WORKSPACE_CAP, None)
+        if saved is not None:
+            os.environ[CUDNN_WORKSPACE_CAP] = saved
+        configure_cudnn(small_config())
 
 
 def test_held_tensors_count_until_they_are_freed():

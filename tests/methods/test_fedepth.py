@@ -262,10 +262,11 @@ def test_without_budgets_fedepth_is_fedavg(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("scenario", ["fair", "lack"])
-def test_measured_cuda_peak_stays_within_the_budget(scenario):
+@pytest.mark.parametrize(("scenario", "precision"), [("fair", "32-true"), ("lack", "32-true"), ("fair", "bf16-mixed")])
+def test_measured_cuda_peak_stays_within_the_budget(scenario, precision):
+    """With cuDNN, its workspace capped (`backend.cudnn=auto` under budgets), as budgeted clients train."""
     config = small_config(method={"name": "fedepth"}, model={"name": "preresnet20"}, budgets={"scenario": scenario},
-                          data={"name": "synthetic"}, backend={"device": "cuda"}, fl={"batch_size": 64})
+                          data={"name": "synthetic"}, backend={"device": "cuda"}, fl={"batch_size": 64, "precision": precision})
     env = ClientEnvironment.from_config(config)
     start = {k: v.cuda() for k, v in initial_state(config, env).global_state.items()}
     settings = train_settings(config.fl, 1)
