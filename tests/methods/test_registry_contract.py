@@ -2,7 +2,6 @@
 method on the tiny GPT of the Shakespeare fixture instead), and every method that fits clients to
 their budgets keeps every client-round within it, also on PreResNet-20 (its golden run)."""
 
-import json
 
 import pytest
 
@@ -58,9 +57,9 @@ def test_on_preresnet20_every_method_trains_each_round_and_keeps_clients_within_
     trains or is skipped, and no client-round exceeds its memory budget (methods that train the full
     model regardless excepted)."""
     from hfl.server import over_budget
-    from tests.golden.runs import FIXTURES
+    from tests.golden.runs import facts
 
-    records = json.loads((FIXTURES / f"method__{method}.json").read_text())
+    records = facts(f"method__{method}")  # scored or not, trained or skipped, peaks and budgets: facts
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["clients"] and r["accuracy"] is not None and not r["failed_clients"] for r in records)
     clients = [c for r in records for c in r["clients"]]
