@@ -20,7 +20,11 @@ USAGE_ERROR = 2
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 # Fields that may change between a run and its resumption: they do not change what is computed.
-RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer")
+RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer",
+                     # where and how Ray places the clients, and how long it waits for the cluster: a
+                     # cluster that lost a node may need other values to go on with the same run
+                     "backend.actor_start_timeout_s", "backend.num_cpus_per_client", "backend.actors_per_pool", "backend.num_gpus_per_client",
+                     "backend.num_gpus_per_tier", "backend.gpu_memory", "backend.tier_strict", "backend.ray_log_to_driver")
 
 
 class RoundProgress:
@@ -149,6 +153,7 @@ def resumed_config(out: Path, config_path: str | None, overrides: list[str]) -> 
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from hfl.backends.base import ClusterError
     from hfl.checkpoint import has_checkpoint
     from hfl.config import load_config
     from hfl.errors import ConfigError
@@ -181,6 +186,9 @@ def command_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"hfl: interrupted; continue with: hfl run --resume {out}", file=sys.stderr)
         return INTERRUPTED
+    except ClusterError as error:
+        print(f"hfl: error: {error}; continue with: hfl run --resume {out}", file=sys.stderr)
+        return 1
     rows = [(k, summary_cell(k, v)) for k, v in summary.items() if v is not None and not isinstance(v, dict)]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

@@ -32,3 +32,9 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ClusterError(RuntimeError):
+    """The cluster can no longer run the experiment (its head is gone, or a tier's every node with
+    `backend.tier_strict`): the run stops after its last complete round, which `hfl run --resume`
+    continues. The message says why, in one line; the CLI adds the command that resumes the run."""

@@ -13,6 +13,12 @@ several of one shape trained as one vectorised model), two queued per actor so t
 between units. A client that raises, dies, runs out of memory or times out is recorded and left
 out of the aggregate; its actor is replaced and the round goes on. Every client's metrics record
 the node it ran on and what Ray reserved for its actor.
+
+A cluster loses nodes. Every wait on it has a deadline, so a node that dies fails the clients on
+it for that round (`failed_clients`, with the reason), never the run: pools are planned again from
+the nodes alive at each round, a tier whose every node is gone runs on CPU actors of the others
+(or stops the run, with `backend.tier_strict`), and its pool grows back when a node returns. A
+head that stops answering stops the run within `HEAD_GRACE_S` with a `ClusterError`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -31,6 +38,7 @@ import ray
 import torch
 
 from hfl.accounting.amounts import ClientBudget, absolute_amount
+from hfl.backends.base import ClusterError
 from hfl.backends.placement import SHARED_POOL, PoolDemand, gpus_per_actor, pool_sizes, tier_resource
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError, DataNotFoundError
@@ -40,6 +48,9 @@ from hfl.types import ClientTask, ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
 START_REPORT_S = 30.0  # how often a pool waiting for its actors says so
+HEAD_GRACE_S = 15.0
+"""How long the cluster's head (its GCS) may stop answering before the run stops: long enough for a
+GCS that restarts, well within the 60 s after which Ray ends a driver that lost it without a word."""
 
 
 def cap_client_memory(env: ClientEnvironment, task: ClientTask | None) -> None:
@@ -119,6 +130,54 @@ class ClientActor:
         return self.setup_error
 
 
+class HeadWatch:
+    """Whether the cluster's head still answers: a TCP connection to its GCS port, which, unlike a
+    Ray call, cannot block on a head that is gone."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.lost_since: float | None = None
+        self.checked = -1.0
+
+    def answers(self) -> bool:
+        host, _, port = self.address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+            return True
+        except OSError:
+            return False
+
+    def check(self) -> None:
+        """Raise a ClusterError once the head has not answered for HEAD_GRACE_S (asked at most once a second)."""
+        now = time.monotonic()
+        if now - self.checked < 1.0:
+            return
+        self.checked = now
+        if self.answers():
+            self.lost_since = None
+            return
+        if self.lost_since is None:
+            self.lost_since = now
+            log.warning("the Ray cluster's head (GCS at %s) does not answer; the run stops unless it answers within %gs",
+                        self.address, HEAD_GRACE_S)
+        if now - self.lost_since >= HEAD_GRACE_S:
+            raise ClusterError(f"the Ray cluster's head (GCS at {self.address}) stopped answering for {HEAD_GRACE_S:g}s: "
+                               "the run stopped after its last complete round")
+
+    def wait(self) -> None:
+        """Return once the head answers (at once, normally); a ClusterError past HEAD_GRACE_S."""
+        while True:
+            self.checked = -1.0
+            self.check()
+            if self.lost_since is None:
+                return
+            time.sleep(1.0)
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_since is not None and time.monotonic() - self.lost_since >= HEAD_GRACE_S
+
+
 @dataclass
 class Pool:
     """The actors serving one tier (or every client whose tier the cluster does not advertise)."""
@@ -149,11 +208,19 @@ class RayBackend:
                 log_to_driver=config.backend.ray_log_to_driver,
                 configure_logging=False,
             )
+        self.head = HeadWatch(ray.get_runtime_context().gcs_address)
         self.remote_actor = ray.remote(ClientActor)
         self.timeout = config.backend.client_timeout_s or None
-        self.pools = self._plan_pools()
-        self.pool_of = [self._pool_name(budget) for budget in environment.budgets]
+        self.started = False
+        """Whether a round has been submitted: before it, a pool that cannot start is a config error."""
+        self.nodes = self._alive_nodes()
+        self.tiered = False
+        """Whether the cluster has advertised a tier: then the shared pool is a fallback, on CPU actors."""
+        self.pools: dict[str, Pool] = {}
+        self.booting: dict[str, list[Any]] = {}
+        self.pool_of: list[str] = []
         """The pool serving each client."""
+        self._replan(self.nodes)
         # Every pool's actors start now, tier pools first (a shared-pool actor could otherwise take a
         # CPU only a tier's node offers), and build their environments while this process sets up
         # the run; the first round waits for them.
@@ -163,26 +230,63 @@ class RayBackend:
         warm.join()
 
     # -- pools --------------------------------------------------------------------------------
+    def _alive_nodes(self) -> dict[str, dict[str, float]]:
+        """The resources of every node alive now, by node id (after the head answers: `ray.nodes()`
+        would block on a head that is gone)."""
+        self.head.wait()
+        return {node["NodeID"]: node["Resources"] for node in ray.nodes() if node.get("Alive")}
+
+    def _replan(self, nodes: dict[str, dict[str, float]]) -> None:
+        """Plan the pools for `nodes` and move to them: a pool whose actors ask for the same keeps
+        them (its size may change), any other's actors stop."""
+        plan = self._plan_pools(list(nodes.values()))
+        for name, pool in list(self.pools.items()):
+            if name not in plan or plan[name].options != pool.options:
+                for actor in pool.actors + self.booting.pop(name, []):
+                    ray.kill(actor)
+                del self.pools[name]
+        for name, pool in plan.items():
+            kept = self.pools.setdefault(name, pool)
+            kept.size = pool.size
+            for actor in kept.actors[kept.size:]:
+                ray.kill(actor)
+            del kept.actors[kept.size:]
+        self.pool_of = [self._pool_name(budget) for budget in self.environment.budgets]
+        self.nodes = nodes
+
     def _pool_name(self, budget: ClientBudget | None) -> str:
         return budget.tier if budget is not None and budget.tier in self.pools else SHARED_POOL
 
-    def _plan_pools(self) -> dict[str, Pool]:
+    def _plan_pools(self, nodes: list[dict[str, float]]) -> dict[str, Pool]:
         """One pool per tier the cluster advertises (`hfl_tier_<name>`), one shared pool for the
         other clients; each sized by what the nodes can host, and asking for GPUs where its nodes
         have them. Decided from the cluster's alive nodes, never from the driver's own machine,
-        which may be a head without GPUs."""
+        which may be a head without GPUs. A tier that no node advertises, on a cluster that has
+        advertised tiers, runs on the shared pool's CPU actors, with a warning naming it; with
+        `backend.tier_strict`, it stops the run."""
         backend = self.config.backend
-        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
         advertised = {key for node in nodes for key in node}
+        self.tiered = self.tiered or any(key.startswith(tier_resource("")) for key in advertised)
         members: dict[str, list[ClientBudget | None]] = {}
         for budget in self.environment.budgets:
             tier = budget.tier if budget is not None and tier_resource(budget.tier) in advertised else SHARED_POOL
             members.setdefault(tier, []).append(budget)
+        homeless = sorted({b.tier for b in members.get(SHARED_POOL, []) if b is not None and b.tier}) if self.tiered else []
+        if homeless:
+            missing = ", ".join(tier_resource(t) for t in homeless)
+            if backend.tier_strict:
+                why = f"no live node of the Ray cluster advertises {missing} (tier {', '.join(homeless)})"
+                if not self.started:
+                    raise ConfigError("backend.tier_strict", True, f"false (its clients then run on CPU actors of other nodes), or a "
+                                      f"cluster with such a node: {why}")
+                raise ClusterError(f"{why}, and backend.tier_strict is set: the run stopped after its last complete round")
+            log.warning("ray: no live node advertises %s: the clients of tier %s run on CPU actors of the other nodes until one does",
+                        missing, ", ".join(homeless))
         demands, options = {}, {}
         for name, budgets in members.items():
             resource = None if name == SHARED_POOL else tier_resource(name)
             hosts = [node for node in nodes if resource is None or node.get(resource, 0) > 0]
-            gpus = gpus_per_actor(backend, name, budgets, hosts, self._device_memory(len(nodes)))
+            gpus = gpus_per_actor(backend, name, budgets, hosts, self._device_memory(len(nodes)), fallback=name == SHARED_POOL and self.tiered)
             demands[name] = PoolDemand(resource, gpus, len(budgets))
             options[name] = {"num_cpus": backend.num_cpus_per_client, **({"num_gpus": gpus} if gpus else {}),
                              **({"resources": {resource: 1}} if resource else {})}
@@ -204,15 +308,23 @@ class RayBackend:
             return torch.cuda.get_device_properties(0).total_memory
         return None
 
+    def can_host(self, pool: Pool) -> bool:
+        """Whether a node alive now advertises all that an actor of `pool` asks for (free or not)."""
+        wants = {"CPU": pool.options["num_cpus"], "GPU": pool.options.get("num_gpus", 0), **pool.options.get("resources", {})}
+        return any(all(node.get(k, 0.0) >= v - 1e-9 for k, v in wants.items() if v > 0) for node in self._alive_nodes().values())
+
     def _start(self, pool: Pool, count: int) -> list[Any]:
         return [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
 
-    def _spawn(self, pool: Pool, actors: list[Any]) -> list[Any]:
+    def _spawn(self, name: str, actors: list[Any]) -> list[Any]:
         """Wait until started `actors` are built, so start-up never counts against a client's
-        timeout. Actors the cluster cannot place (more CPUs asked than it has, more actors than fit)
-        would wait forever: past `backend.actor_start_timeout_s` the pool goes on with those that
-        started, and the run stops with a ConfigError if none did. An actor that cannot build the
-        experiment (no data on its node) stops the run with that actor's one-line reason."""
+        timeout, and return those that are. Actors the cluster cannot place (more CPUs asked than it
+        has, more actors than fit) would wait forever: past `backend.actor_start_timeout_s` the pool
+        goes on with those that started. Before the first round, the run then stops with a
+        ConfigError if none did; later (a node went away), the pool's clients fail for the round. An
+        actor that died (its node did) is left out. An actor that cannot build the experiment (no
+        data on its node) stops the run with that actor's one-line reason."""
+        pool = self.pools[name]
         count = len(actors)
         pending = {actor.ready.remote(): actor for actor in actors}
         started: list[Any] = []
@@ -220,14 +332,28 @@ class RayBackend:
         deadline = time.monotonic() + limit if limit else None
         while pending:
             wait = START_REPORT_S if deadline is None else max(0.0, min(START_REPORT_S, deadline - time.monotonic()))
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=wait)
-            for ref in ready:
-                started.append(pending.pop(ref))
-                problem = ray.get(ref)  # raises what an actor's constructor raised
-                if problem is not None:
-                    for actor in [*actors, *pool.actors]:
-                        ray.kill(actor)
-                    raise DataNotFoundError(problem)
+            report = time.monotonic() + wait
+            while pending and time.monotonic() < report:
+                self.head.check()
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=min(1.0, max(0.0, report - time.monotonic())))
+                for ref in ready:
+                    actor = pending.pop(ref)
+                    try:
+                        problem = ray.get(ref)  # raises what an actor's constructor raised
+                    except ray.exceptions.RayActorError as error:
+                        log.warning("ray pool %s: an actor did not start: %s", name, RayBackend._first_line(error))
+                        continue
+                    if problem is not None:
+                        for other in [*actors, *pool.actors]:
+                            ray.kill(other)
+                        raise DataNotFoundError(problem)
+                    started.append(actor)
+                # Mid-run, actors no live node can host were meant for a node that went away (before
+                # the first round, an autoscaling cluster may still be adding theirs).
+                if pending and self.started and not self.can_host(pool):
+                    log.warning("ray pool %s: no live node can host an actor asking for %s now", name, pool.options)
+                    deadline = time.monotonic()
+                    break
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             log.warning("waiting for %d of %d client actors (%s) to start; the Ray cluster has %s free",
@@ -235,58 +361,93 @@ class RayBackend:
         if pending:
             for actor in pending.values():
                 ray.kill(actor)
-            if not started and not pool.actors:
+            if not started and not pool.actors and not self.started:
                 raise ConfigError("backend.actor_start_timeout_s", limit,
                                   f"time for the Ray cluster to start a client actor asking for {pool.options}, but none started "
-                                  f"(the cluster has {ray.cluster_resources()}): lower backend.num_cpus_per_client or "
-                                  "backend.actors_per_pool, or wait longer for a cluster that is scaling up")
-            pool.size = len(pool.actors) + len(started)
+                                  f"(the cluster has {ray.cluster_resources()}): lower {self._what_to_lower(pool)}, or wait "
+                                  "longer for a cluster that is scaling up")
             log.warning("only %d of %d client actors (%s) started within %gs: the pool goes on with %d",
-                        len(started), count, pool.options, limit, pool.size)
+                        len(started), count, pool.options, limit, len(pool.actors) + len(started))
         return started
+
+    def _what_to_lower(self, pool: Pool) -> str:
+        """The settings behind what `pool`'s actors ask for, for a hint when none could start."""
+        settings = ["backend.num_cpus_per_client", "backend.actors_per_pool"]
+        if pool.options.get("num_gpus"):
+            settings.insert(1, "the GPU share (backend.num_gpus_per_client, backend.num_gpus_per_tier, or the budget over backend.gpu_memory)")
+        return " or ".join(settings)
 
     # -- a round ------------------------------------------------------------------------------
     def submit(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> RayRound:
         """Start the round's clients on their pools' actors and return at once: the driver may
         evaluate the last round meanwhile. `collect` waits for them."""
         state_ref = ray.put({k: v.cpu() for k, v in global_state.items()})  # once per round
-        members: dict[str, list[int]] = {}
-        for i, task in enumerate(tasks):
-            members.setdefault(self.pool_of[task.ctx.client_id], []).append(i)
+        for attempt in (1, 2):
+            nodes = self._alive_nodes()
+            if nodes.keys() != self.nodes.keys():
+                log.warning("ray: the cluster's live nodes changed (%d -> %d): planning the pools again", len(self.nodes), len(nodes))
+                self._replan(nodes)
+            members: dict[str, list[int]] = {}
+            for i, task in enumerate(tasks):
+                members.setdefault(self.pool_of[task.ctx.client_id], []).append(i)
+            # Tier pools start first: an actor of the shared pool could otherwise take a CPU that only a
+            # tier's node offers.
+            empty = [name for name in sorted(members, key=lambda n: n == SHARED_POOL) if not self._fill(name, len(members[name]))]
+            # A pool none of whose actors started may have lost its nodes since they were counted:
+            # planned again, its clients may go to another pool.
+            if not empty or attempt == 2 or self._alive_nodes().keys() == self.nodes.keys():
+                break
         queues: dict[str, deque[list[int]]] = {}
-        # Tier pools start first: an actor of the shared pool could otherwise take a CPU that only a
-        # tier's node offers.
-        for name in sorted(members, key=lambda n: n == SHARED_POOL):
+        failed: list[dict[str, Any]] = []
+        for name, indices in members.items():
             pool = self.pools[name]
-            # Replacements started late last round may still be starting: wait, so no client's
-            # timeout includes an actor's start-up.
-            ray.get([actor.ready.remote() for actor in pool.actors])
-            booting = self.booting.pop(name, [])
-            more = max(min(pool.size, len(members[name])) - len(pool.actors) - len(booting), 0)
-            pool.actors += self._spawn(pool, booting + self._start(pool, more))
-            mine = [tasks[i] for i in members[name]]
-            units = self.environment.work_units(mine, self.config.backend.batch_clients, spread=len(pool.actors))
-            queues[name] = deque([members[name][j] for j in unit] for unit in units)
+            if not pool.actors:
+                reason = f"node lost: no actor of Ray pool {name} ({pool.options}) could start"
+                failed.extend(self._lost(tasks[i], reason) for i in indices)
+                continue
+            units = self.environment.work_units([tasks[i] for i in indices], self.config.backend.batch_clients, spread=len(pool.actors))
+            queues[name] = deque([indices[j] for j in unit] for unit in units)
+        self.started = True
         round_ = RayRound(self, tasks, state_ref, queues)
+        round_.failed.extend(failed)
         for name in queues:
             round_.submit(name)
         return round_
+
+    def _fill(self, name: str, clients: int) -> bool:
+        """Bring pool `name` to as many ready actors as it may have for `clients` clients; whether it has any.
+        Started actors answer at once, unless they died with their node; replacements started late
+        last round may still be starting: waited for, so no client's timeout includes an actor's start-up."""
+        pool = self.pools[name]
+        booting = self.booting.pop(name, [])
+        more = max(min(pool.size, clients) - len(pool.actors) - len(booting), 0)
+        actors, pool.actors = pool.actors, []
+        pool.actors = self._spawn(name, actors + booting + self._start(pool, more))
+        return bool(pool.actors)
 
     def collect(self, round_: RayRound) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
         """The updates of a submitted round (in task order) and its failed clients."""
         return round_.wait()
 
     @staticmethod
-    def _failure(task: ClientTask, kind: str, error: BaseException) -> dict[str, Any]:
+    def _first_line(error: BaseException) -> str:
         cause = getattr(error, "cause", None) or error
         lines = str(cause).strip().splitlines() or [type(cause).__name__]
-        first_line = lines[-1].split(". ")[0]  # Ray's death notices run on for a paragraph
-        log.warning("client %d %s in round %d: %s", task.ctx.client_id, kind, task.ctx.round, first_line)
-        return {"id": task.ctx.client_id, "reason": f"{kind}: {type(cause).__name__}: {first_line}"[:500]}
+        return f"{type(cause).__name__}: {lines[-1].strip().split('. ')[0]}"  # Ray's death notices run on for a paragraph
+
+    @staticmethod
+    def _failure(task: ClientTask, kind: str, error: BaseException) -> dict[str, Any]:
+        return RayBackend._lost(task, f"{kind}: {RayBackend._first_line(error)}")
+
+    @staticmethod
+    def _lost(task: ClientTask, reason: str) -> dict[str, Any]:
+        log.warning("client %d failed in round %d: %s", task.ctx.client_id, task.ctx.round, reason)
+        return {"id": task.ctx.client_id, "reason": reason[:500]}
 
     def close(self) -> None:
-        for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
-            ray.kill(actor)
+        if not self.head.lost:  # ray.kill would wait for a head that is gone
+            for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
+                ray.kill(actor)
         self.pools.clear()
 
 
@@ -302,11 +463,14 @@ class RayRound:
         others wait in the actor's queue, which runs them in order."""
         self.since: dict[Any, float] = {}
         self.owner: dict[Any, tuple[str, Any]] = {}  # ref of a unit -> (pool, actor)
-        self.starting: dict[Any, tuple[str, Any]] = {}  # ready ref of a replacement actor -> (pool, actor)
+        self.starting: dict[Any, tuple[str, Any, float]] = {}  # ready ref of a replacement actor -> (pool, actor, when asked)
+        self.why: dict[str, str] = {}
+        """Per pool, why it lost an actor this round: the reason of the clients it can no longer train."""
 
     def submit(self, name: str) -> None:
         """Fill the pool's ready actors up to PIPELINE units each, one unit per actor at a time."""
-        ready = [a for a in self.backend.pools[name].actors if (name, a) not in self.starting.values()]
+        starting = {actor for _, actor, _ in self.starting.values()}
+        ready = [a for a in self.backend.pools[name].actors if a not in starting]
         for depth in range(1, self.backend.PIPELINE + 1):
             for actor in ready:
                 if not self.queues[name]:
@@ -320,10 +484,11 @@ class RayRound:
                 self.sent[actor].append((ref, unit))
                 self.owner[ref] = (name, actor)
 
-    def lose(self, name: str, actor: Any, failure: Callable[[ClientTask], dict[str, Any]]) -> None:
+    def lose(self, name: str, actor: Any, failure: Callable[[ClientTask], dict[str, Any]], why: str) -> None:
         """The actor is gone: its training unit failed, the units waiting on it go back to the
         pool's queue, and a fresh actor takes its place once it is ready, so its start-up never
-        counts against a client's timeout."""
+        counts against a client's timeout; where no live node can host one (its node died), the
+        pool goes on with the actors it has."""
         units = self.sent.pop(actor)
         self.failed.extend(failure(self.tasks[i]) for i in units[0][1])
         for ref, unit in reversed(units):
@@ -331,17 +496,36 @@ class RayRound:
             if unit is not units[0][1]:
                 self.queues[name].appendleft(unit)
         pool = self.backend.pools[name]
-        fresh = self.backend.remote_actor.options(**pool.options).remote(self.backend.config)
-        pool.actors[pool.actors.index(actor)] = fresh
-        self.starting[fresh.ready.remote()] = (name, fresh)
+        self.why[name] = why
+        if self.backend.can_host(pool):
+            fresh = self.backend.remote_actor.options(**pool.options).remote(self.backend.config)
+            pool.actors[pool.actors.index(actor)] = fresh
+            self.starting[fresh.ready.remote()] = (name, fresh, time.monotonic())
+        else:
+            log.warning("ray pool %s: no live node can host an actor asking for %s; the round goes on without it", name, pool.options)
+            pool.actors.remove(actor)
+
+    def started(self, ref: Any) -> None:
+        """A replacement actor answered: it trains the pool's waiting units, or, where it failed
+        to start (its node died too), the pool goes on without it for this round."""
+        name, actor, _ = self.starting.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            self.why[name] = f"its replacement did not start: {RayBackend._first_line(error)}"
+            log.warning("ray pool %s: a replacement actor did not start: %s", name, self.why[name])
+            self.backend.pools[name].actors.remove(actor)
+            return
+        self.submit(name)
 
     def wait(self) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
-        timeout = self.backend.timeout
+        timeout, start_limit = self.backend.timeout, self.backend.config.backend.actor_start_timeout_s
         while self.owner or (self.starting and any(self.queues.values())):
+            self.backend.head.check()
             done, _ = ray.wait([*self.owner, *self.starting], num_returns=1, timeout=1.0)
             for ref in done:
                 if ref in self.starting:
-                    self.submit(self.starting.pop(ref)[0])
+                    self.started(ref)
                     continue
                 if ref not in self.owner:  # a unit requeued when its actor died
                     continue
@@ -350,7 +534,8 @@ class RayRound:
                 try:
                     self.results.update(zip(unit, ray.get(ref)))
                 except ray.exceptions.RayActorError as error:
-                    self.lose(name, actor, lambda task, error=error: RayBackend._failure(task, "actor died", error))
+                    self.lose(name, actor, lambda task, error=error: RayBackend._failure(task, "actor died", error),
+                              f"its actor died: {RayBackend._first_line(error)}")
                     self.submit(name)
                     continue
                 except Exception as error:  # noqa: BLE001 - the client's own error (including CUDA out of memory)
@@ -358,12 +543,24 @@ class RayRound:
                 self.sent[actor].remove((ref, unit))
                 self.since[actor] = time.monotonic()  # the actor's next unit starts now
                 self.submit(name)
+            now = time.monotonic()
+            for ref, (name, actor, asked) in list(self.starting.items()):
+                pool = self.backend.pools[name]
+                late = start_limit and now - asked > start_limit
+                if late or not self.backend.can_host(pool):  # its node went away before it was placed
+                    ray.kill(actor)
+                    del self.starting[ref]
+                    pool.actors.remove(actor)
+                    self.why[name] = (f"its replacement did not start within backend.actor_start_timeout_s={start_limit:g}s" if late
+                                      else "no live node can host its replacement")
             if timeout:
-                now = time.monotonic()
                 for actor, units in list(self.sent.items()):
                     if units and now - self.since[actor] > timeout * len(units[0][1]):
                         name, _ = self.owner[units[0][0]]
                         ray.kill(actor)
-                        self.lose(name, actor, lambda task: {"id": task.ctx.client_id, "reason": f"timed out after {timeout:g}s"})
+                        self.lose(name, actor, lambda task: RayBackend._lost(task, f"timed out after {timeout:g}s"), "timed out")
                         self.submit(name)
+        for name, queue in self.queues.items():  # units whose pool has no live actor left this round
+            self.failed.extend(RayBackend._lost(self.tasks[i], f"node lost: Ray pool {name} has no live actor left ({self.why.get(name, 'none started')})")
+                               for unit in queue for i in unit)
         return [self.results[i] for i in sorted(self.results)], self.failed
