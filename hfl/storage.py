@@ -4,12 +4,15 @@ and the user can read them after the job is gone.
 
 A run on a URI writes into a local staging folder that starts as a copy of what the URI holds (so a
 run resumes from there) and is copied back after every round and when the run stops, by error or
-interruption too: a crash loses at most the round in flight, as it does on a local folder.
+interruption too: a crash loses at most the round in flight, as it does on a local folder. Each
+staging folder is held by a lock on a file beside it; one whose lock nobody holds was left by a
+process that died (SIGKILL, a lost node), and the next run or resume on that machine removes it.
 """
 
 from __future__ import annotations
 
 import logging
+import fcntl
 import os
 import re
 import shutil
@@ -24,6 +27,7 @@ from hfl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+STAGING_PREFIX = "hfl-staging-"
 RAY_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 """Set by Ray in the environment of a job's entrypoint (`ray job submit -- ...`)."""
 
@@ -63,9 +67,15 @@ def check_job_location(location: str | Path | None, field: str) -> None:
 
 
 def filesystem(uri: str, field: str) -> tuple[Any, str]:
-    """(pyarrow filesystem, path in it) of `uri`; a ConfigError naming `field` where pyarrow cannot open it."""
+    """(pyarrow filesystem, path in it) of `uri`; a ConfigError naming `field` where pyarrow cannot open it.
+    A query string is the filesystem's options (`s3://bucket/x?region=eu-west-1&endpoint_override=...`)
+    and stays part of the URI; a file:// URI has none to take, so one with a query is refused rather
+    than its query dropped."""
     from pyarrow import fs  # a dependency of ray[tune]; imported only for URIs
 
+    if uri.lower().startswith("file://") and "?" in uri:
+        raise ConfigError(field, uri, "a file:// URI without a query string (a local filesystem takes no options; "
+                          "a '?' in a folder name is not supported)")
     try:
         return fs.FileSystem.from_uri(uri)
     except Exception as error:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError or its own types by scheme
@@ -74,8 +84,11 @@ def filesystem(uri: str, field: str) -> tuple[Any, str]:
 
 # -- single files at a local path or a URI (a sweep's own files) ------------------------------
 def join(location: str, *parts: str) -> str:
-    """`location`/`parts`; a URI keeps its `//`."""
-    return "/".join([location.rstrip("/"), *parts]) if is_uri(location) else str(Path(location, *parts))
+    """`location`/`parts`; a URI keeps its `//` and its query string (the filesystem's options), after the path."""
+    if not is_uri(location):
+        return str(Path(location, *parts))
+    path, mark, query = location.partition("?")
+    return "/".join([path.rstrip("/"), *parts]) + mark + query
 
 
 def read_text(location: str) -> str | None:
@@ -143,22 +156,58 @@ class Mirror:
         return stat.st_size, stat.st_mtime_ns
 
 
+def remove_dead_staging(root: Path | None = None) -> None:
+    """Remove the staging folders in `root` (the temporary directory) whose process died: their lock
+    file (`<folder>.lock`) is held by no one. A live run's is held until its folder is gone."""
+    root = Path(root or tempfile.gettempdir())
+    for lock in root.glob(f"{STAGING_PREFIX}*.lock"):
+        try:
+            with open(lock, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                folder = lock.with_suffix("")
+                if folder.is_dir():
+                    log.info("removing %s, the staging folder of a run that stopped without removing it", folder)
+                    shutil.rmtree(folder, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+        except OSError:  # held: a live run's (or not ours to open)
+            continue
+
+
 @contextmanager
 def staged(location: str | Path, field: str = "--out") -> Iterator[tuple[Path, Callable[[], None]]]:
     """(a local folder for `location`, a function that copies it there). For a local folder, that
-    folder and a no-op; for a URI, a staging folder pulled from it, copied back once more on exit."""
+    folder and a no-op; for a URI, a staging folder pulled from it, copied back once more on exit.
+    A URI that cannot be opened or read is a ConfigError naming `field`, and leaves no folder behind."""
     if not is_uri(location):
         yield Path(location), lambda: None
         return
-    staging = Path(tempfile.mkdtemp(prefix="hfl-staging-"))
-    mirror = Mirror(staging, str(location), field)
+    remove_dead_staging()
+    mirror = Mirror(Path(), str(location), field)  # opened before any folder is made for it
+    # The lock first, then the folder named after it: a lock held from before the folder exists
+    # keeps another process's clean-up from taking a folder being made for a live run.
+    handle, lock_name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".lock")
+    lock = os.fdopen(handle, "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    mirror.local = staging = Path(lock_name).with_suffix("")
+    staging.mkdir()
+    unsent = False
     try:
-        mirror.pull()
-        yield staging, mirror.push
-    finally:
         try:
-            mirror.push()
-        except Exception:
-            log.error("could not copy the run to %s: its files stay in %s", location, staging)
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
+            mirror.pull()
+        except Exception as error:  # noqa: BLE001 - pyarrow raises OSError or its own types by scheme
+            raise ConfigError(field, str(location), f"a URI whose storage can be read ({str(error).splitlines()[0]})") from None
+        log.info("%s is staged in %s and copied there after every round", location, staging)
+        try:
+            yield staging, mirror.push
+        finally:  # by error or Ctrl-C too
+            try:
+                mirror.push()
+            except Exception:
+                unsent = True
+                log.error("could not copy the run to %s: its files stay in %s", location, staging)
+                raise
+    finally:
+        if not unsent:  # kept where the copy failed: without its lock file, no clean-up takes it
+            shutil.rmtree(staging, ignore_errors=True)
+        Path(lock_name).unlink(missing_ok=True)
+        lock.close()
