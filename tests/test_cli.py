@@ -182,22 +182,36 @@ def test_wandb_logs_offline_into_the_run_folder(tmp_path):
     assert list((out / "wandb").glob("offline-run-*")), "an offline wandb run is written beside the metrics"
 
 
+QUICKSTART_CORRECT = {"CI-2026-11-24-processor-unrecorded_AVX2_torch-2.14.1+cu130_mkl-2024.2": 352,
+                      "AuthenticAMD-f25-m17_AVX2_torch-2.14.1+cu130_mkl-2024.2": 351}
+"""Test images (of 360) the quickstart gets right with the pinned AVX2 kernels, per recorded platform
+(tests/golden/platforms.py). Measured on the AMD EPYC under five numerical paths (AVX2, scalar, MKL's
+compatible path, AVX-512, two threads): 351 or 352; CI's machine: 352. The README states this spread."""
+QUICKSTART_SPREAD = range(350, 354)
+"""What the test accepts off the recorded platforms: the measured 351-352, and one image either side
+for a prediction on a class boundary."""
+
+
 @pytest.mark.slow
 def test_quickstart_reaches_what_the_readme_states(tmp_path):
     """`hfl run experiments/quickstart.yaml` in a process pinned to AVX2 kernels, as the golden runs
-    are (the instruction set and the torch build change float results): 352 of the 360 test images,
-    0.978, exactly, on the torch pyproject.toml pins. The README gives this."""
-    import subprocess
-    import sys
-
-    from tests.golden.runs import PINNED_ISA
+    are: exactly the recorded count on a platform it was recorded on, and within the spread measured
+    across processors and numerical paths elsewhere (the README gives both)."""
+    from tests.golden.platforms import key
+    from tests.golden.runs import PINNED_ISA, pinned_platform
 
     require_recorded_builds()
     env = {**cli_env(), **PINNED_ISA}
     subprocess.run([sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "--out", str(tmp_path)], env=env, cwd=ROOT,
                    check=True, capture_output=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["rounds"] == 20 and summary["final_accuracy"] == 352 / 360
+    correct = round(summary["final_accuracy"] * 360)
+    assert summary["rounds"] == 20 and summary["final_accuracy"] == correct / 360
+    here = key(pinned_platform())
+    if here in QUICKSTART_CORRECT:
+        assert correct == QUICKSTART_CORRECT[here], f"on {here}, where it was recorded"
+    else:
+        assert correct in QUICKSTART_SPREAD, f"{correct} / 360 on {here}, outside the spread measured elsewhere"
 
 
 def test_budget_prints_the_sparse_table_for_a_sparse_method(tmp_path, capsys):

@@ -177,6 +177,13 @@ def run_pinned(out: Path, only: list[str] | None = None, exact: bool = False,
     return found["platform"], found["runs"]
 
 
+def pinned_platform() -> dict[str, str]:
+    """This machine's platform as the golden runs see it: described in a fresh process with `PINNED_ISA`."""
+    code = "import json; from tests.golden.platforms import describe; print(json.dumps(describe()))"
+    env = {**os.environ, **PINNED_ISA, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+
+
 def fixture(name: str) -> dict[str, Any]:
     """A run's fixture: `facts` (the records, each measured float a placeholder) and `floats`
     (platform key -> path -> value)."""
