@@ -51,3 +51,19 @@ def test_masks_on_the_cpu_meet_a_global_state_on_another_device():
     masked = SubmodelSpec(masks={"w": torch.tensor([True, False, True, True])})
     new = masked_weighted_mean(g, [update({"w": torch.ones(4, device="meta")}, 1, masked)])
     assert new["w"].device.type == "meta" and new["w"].shape == (4,)
+
+
+def test_entries_no_client_held_keep_their_global_value():
+    """From a non-zero global state (zeros would hide a mean that zero-fills what nobody held): the
+    entries inside some client's window or mask are averaged over their holders, every other entry
+    of the tensor keeps its global value exactly."""
+    g = {"w": torch.arange(1.0, 10.0).reshape(3, 3)}
+    window = SubmodelSpec(indices={"w": {0: torch.tensor([2, 0]), 1: torch.tensor([1, 2])}})  # rows 2, 0 x columns 1, 2
+    pruned = SubmodelSpec(masks={"w": torch.tensor([[False, True, False], [False, False, False], [False, False, True]])})
+    updates = [update({"w": torch.tensor([[10.0, 20.0], [30.0, 40.0]])}, 1, window),
+               update({"w": torch.full((3, 3), 70.0)}, 3, pruned)]  # holds (0, 1) and (2, 2) only
+    new = masked_weighted_mean(g, updates)
+    expected = torch.tensor([[1.0, (30 + 3 * 70) / 4, 40.0],
+                             [4.0, 5.0, 6.0],
+                             [7.0, 10.0, (20 + 3 * 70) / 4]])
+    torch.testing.assert_close(new["w"], expected, rtol=0, atol=0)
