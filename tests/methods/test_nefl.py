@@ -316,3 +316,41 @@ def test_a_model_with_some_non_residual_blocks_is_a_config_error():
     """MobileNetV2's stage openers have no shortcut: NeFL's step sizes have no branch to scale there."""
     with pytest.raises(ConfigError, match="model.name=.*all residual"):
         nefl("mobilenetv2")
+
+
+# The paper's rows for sub-models 1-4, copied from Tables 10-14 as printed (1: the block is kept,
+# 0: omitted; stages separated by a space). Blocks are compared by position, so a transcription
+# that kept the right number of blocks per stage but the wrong ones fails.
+PAPER_ROWS = {
+    ("resnet18", "d"): ["1,1 0,0 1,1 0,0", "1,0 0,0 1,0 1,0", "1,1 1,1 1,1 1,0", "1,0 1,1 0,0 1,1"],
+    ("resnet18", "wd"): ["1,1 1,1 1,1 1,0", "1,1 1,1 1,1 1,1", "1,1 1,1 1,1 1,1", "1,1 1,1 1,1 1,1"],
+    ("resnet34", "d"): ["1,0,0 1,0,0,0 1,0,0,0,0,0 1,0,0", "1,1,1 1,1,1,1 1,1,0,0,0,1 1,0,0",
+                        "1,1,1 1,1,1,1 1,1,0,0,0,1 1,0,1", "1,1,1 1,0,0,1 1,1,0,0,0,1 1,1,1"],
+    ("resnet34", "wd"): ["1,1,1 1,0,0,1 1,0,0,0,0,1 1,0,1", "1,1,1 1,0,0,1 1,1,1,0,0,1 1,0,1",
+                         "1,1,1 1,1,1,1 1,1,1,1,0,1 1,0,1", "1,1,1 1,1,1,1 1,1,1,0,0,1 1,1,1"],
+    ("resnet56", "d"): ["1,1,0,0,0,0,0,0,0 1,1,0,0,0,0,0,0,0 1,1,0,0,0,0,0,0,0", "1,1,1,0,0,0,0,0,0 1,1,1,0,0,0,0,0,0 1,1,1,1,0,0,0,0,0",
+                        "1,1,1,1,0,0,0,0,0 1,1,1,1,0,0,0,0,0 1,1,1,1,1,1,0,0,0", "1,1,1,1,1,1,1,1,1 1,1,1,1,1,1,1,1,0 1,1,1,1,1,1,1,0,0"],
+    ("resnet56", "wd"): ["1,1,1,1,0,0,0,0,0 1,1,1,1,0,0,0,0,0 1,1,1,1,0,0,0,0,0", "1,1,1,1,1,1,0,0,0 1,1,1,1,1,1,0,0,0 1,1,1,1,1,1,0,0,0",
+                         "1,1,1,1,1,1,1,0,0 1,1,1,1,1,1,1,0,0 1,1,1,1,1,1,1,0,0", "1,1,1,1,1,1,1,1,0 1,1,1,1,1,1,1,1,0 1,1,1,1,1,1,1,1,0"],
+    ("resnet110", "d"): [
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0 1,1,1,1,0,0,0,0,0,0,0,0,0,0,0,0,0,0 1,1,1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0,0,0 1,1,1,1,1,1,1,0,0,0,0,0,0,0,0,0,0,0 1,1,1,1,1,1,1,0,0,0,0,0,0,0,0,0,0,0",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0 1,1,1,1,1,1,1,1,1,1,1,1,1,0,0,0,0,0 1,1,1,1,1,1,1,1,1,1,0,0,0,0,0,0,0,0",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0 1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0,0,0"],
+    ("resnet110", "wd"): [" ".join([stage] * 3) for stage in (
+        "1,1,1,1,1,1,1,0,0,0,0,0,0,0,0,0,0,1", "1,1,1,1,1,1,1,1,1,1,1,0,0,0,0,0,0,1",
+        "1,1,1,1,1,1,1,1,1,1,1,1,1,0,0,0,0,1", "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0,0,1")],
+}
+
+
+@pytest.mark.parametrize(("model", "scaling"), list(PAPER_ROWS))
+def test_each_submodel_omits_exactly_the_blocks_the_papers_table_omits(model, scaling):
+    """Which blocks, not only how many per stage: sub-model k omits exactly the blocks marked 0 in
+    its row of the paper's table, the whole model none."""
+    from hfl.submodel.scaling import stages_of
+
+    method, _ = nefl(model, scaling=scaling)
+    stages = stages_of(method.model)
+    expected = [sorted(b for stage, marks in zip(stages, row.split(), strict=True)
+                       for b, mark in zip(stage, marks.split(","), strict=True) if mark == "0") for row in PAPER_ROWS[model, scaling]]
+    assert [sorted(sub.omitted) for sub in method.submodels_] == [*expected, []]
