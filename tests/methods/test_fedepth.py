@@ -306,3 +306,21 @@ def test_upload_bytes_count_the_whole_model_after_the_head_shapes_are_cached():
     method.head_input_shape(method.model, env.accountant.input_shape, env.accountant.input_dtype)
 
     assert method.upload_bytes(full_spec()) == tensor_bytes(method.initial_global_state()) > 0
+
+
+@pytest.mark.slow
+def test_under_lack_the_eighth_tier_sits_out_and_paper_grouping_breaks_its_budget():
+    """docs/methods.md's deviation, asserted: under `lack` the 1/8 tier (25.0 MiB) fits no block, so its
+    clients (one of four tiers) sit out, where the paper trains blocks 4-9; `grouping=paper` gives it the
+    authors' groups 4 | 5 | 6 | 7-8 | 9 at an estimated 42.7 MiB, a budget it breaks."""
+    config, env, tasks = env_and_tasks("fedepth", "lack")
+    ctx, task = tasks["w1_8"]
+    mib = 2**20
+    assert round(ctx.budget.memory_bytes / mib, 1) == 25.0 and task is None
+    assert all(env.method.stage_cost((b, b), 1, config.fl.batch_size).peak_bytes > ctx.budget.memory_bytes for b in range(9))
+    assert sorted({b.tier for b in env.budgets}) == ["w1", "w1_2", "w1_6", "w1_8"]  # one of lack's four tiers
+    _config, paper_env, paper_tasks = env_and_tasks("fedepth", "lack", grouping="paper")
+    paper_ctx, paper_task = paper_tasks["w1_8"]
+    assert paper_task.options.groups == ((3, 3), (4, 4), (5, 5), (6, 7), (8, 8)) and paper_task.options.skipped == (0, 1, 2)
+    peak = paper_env.method.training_cost(paper_task, config.fl.batch_size).peak_bytes
+    assert round(peak / mib, 1) == 42.7 and peak > paper_ctx.budget.memory_bytes
