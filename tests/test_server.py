@@ -182,3 +182,69 @@ def test_resuming_with_fewer_rounds_than_were_run_is_refused_and_leaves_the_run_
     with pytest.raises(ConfigError, match=r"fl.rounds=1 .*at least 2"):
         run_experiment(shorter, tmp_path, resume=True)
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+GLOBAL_DRAWS = '''"""A method that draws from the process-global generators, which hfl itself never does. hfl does not
+seed them, so the plug-in seeds them when it is imported, as a user's code that wants repeatable runs would."""
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hfl.methods.base import Method, MethodConfig
+from hfl.registry import METHODS
+
+random.seed(0)
+np.random.seed(0)
+torch.manual_seed(0)
+
+
+@dataclass(frozen=True)
+class GlobalDrawsConfig(MethodConfig):
+    name: str = "global_draws"
+
+
+@METHODS.register("global_draws")
+class GlobalDraws(Method):
+    """FedAvg, then every weight nudged by draws from numpy's and random's global generators; torch's
+    global draw of each round is written to $GLOBAL_DRAWS_LOG."""
+
+    Config = GlobalDrawsConfig
+
+    def aggregate(self, global_state, updates, state):
+        mean, state = super().aggregate(global_state, updates, state)
+        with open(os.environ["GLOBAL_DRAWS_LOG"], "a") as log:
+            log.write(f"{float(torch.rand(())).hex()}\\n")
+        nudge = float(np.random.rand()) + random.random()
+        return {k: v + 1e-2 * nudge if v.is_floating_point() else v for k, v in mean.items()}, state
+'''
+
+
+@pytest.mark.slow
+def test_resume_in_a_fresh_process_restores_the_global_generators(tmp_path):
+    """A plug-in method whose aggregate draws from numpy's, Python's and torch's global generators:
+    2 rounds, then a fresh process (which seeds them again on importing the plug-in) resumes to 4, and
+    its numbers equal 4 rounds uninterrupted only if the checkpoint restored numpy's and Python's
+    generators (hfl's own draws come from seeded generators of their own)."""
+    (tmp_path / "draws_plugin.py").write_text(GLOBAL_DRAWS)
+    env = {**cli_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{cli_env()['PYTHONPATH']}"}
+    base = [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), "plugins=[draws_plugin]", "method.name=global_draws",
+            "fl.clients=4", "fl.fraction=1.0", "fl.local_epochs=1", "backend.device=cpu"]
+
+    def hfl(log, *args):
+        subprocess.run([*base, *args], check=True, cwd=ROOT, env={**env, "GLOBAL_DRAWS_LOG": str(tmp_path / log)}, capture_output=True)
+
+    hfl("full.log", "fl.rounds=4", "--out", str(tmp_path / "full"))
+    hfl("resumed.log", "fl.rounds=2", "--out", str(tmp_path / "resumed"))
+    hfl("resumed.log", "fl.rounds=4", "--resume", str(tmp_path / "resumed"))
+    assert [r["round"] for r in read_metrics(tmp_path / "resumed")] == [1, 2, 3, 4]
+    assert scores(tmp_path / "resumed") == scores(tmp_path / "full")
+    torch_draws = [(tmp_path / log).read_text().split() for log in ("full.log", "resumed.log")]
+    if torch_draws[0] != torch_draws[1]:
+        # Models hfl builds lazily (the client and evaluation model caches, the accountant's measured
+        # models) initialise from torch's global generator: the resumed process builds them in round 3
+        # after the checkpoint restored it, the uninterrupted one in round 1. Building them under
+        # torch.random.fork_rng would leave the stream to user code, as numpy's and Python's are.
+        pytest.xfail(f"torch's global stream after resume: {torch_draws[1][2:]} against {torch_draws[0][2:]}")
