@@ -26,6 +26,7 @@ from hfl.config import load_config
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment
 from tests.conftest import QUICKSTART, ROOT, cli_env
+from tests.data.test_datasets import fake_mnist
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -158,7 +159,7 @@ def test_an_actor_on_a_node_without_the_data_stops_the_run_naming_the_node_and_t
     if not can_hide_folders():
         pytest.skip("needs a mount namespace of its own (unshare as root) to hide the data from one node")
     data, cache = hidden / "data", hidden / "cache"
-    shutil.copytree(ROOT.parent / "shared" / "datasets" / "mnist", data / "mnist")
+    fake_mnist(data, n_train=80)  # a folder MNIST's loader reads; the test needs its presence on one node, not real digits
     command = ["hfl", "run", "experiments/quickstart.yaml", "data.name=mnist", "data.partition=iid", f"data.cache_dir={cache}",
                "backend.name=ray", "backend.gpu_memory=4MB", *RUN, "--out", str(hidden / "run")]
     result = submit(address, env, command, {"env_vars": {"HFL_DATA": str(data)}})
