@@ -273,16 +273,17 @@ class BackendConfig:
     device: str = "auto"
     """auto (CUDA when available), cpu or cuda."""
     cudnn: str = "auto"
-    """On CUDA, how convolutions run. auto: cuDNN with deterministic algorithms (the same numbers
-    every run) and, where clients have memory budgets, its workspace capped at `cudnn_workspace_mib`,
-    which the estimate counts. on: cuDNN as PyTorch configures it (its fastest heuristic choice, any
-    workspace: on an H200 that took measured peaks up to 3.3x the estimate, FeDepth's first block at
-    batch 128: 191.5 vs 58.6 MiB). off: no cuDNN; PyTorch's own CUDA convolution unfolds one image at a
-    time (a GEMM per image and layer: slow), and the estimate counts its unfolded input."""
-    cudnn_workspace_mib: int = 4
-    """auto, with budgets: cuDNN's convolution workspace cap in MiB (cuDNN's own CUDNN_CONV_WSCAP_DBG,
-    set for the process before its first convolution), counted once in every client's estimated
-    peak, since one convolution runs at a time."""
+    """On CUDA, how convolutions run. auto: cuDNN with deterministic plans chosen by its heuristics
+    (the same plans and numbers every run); on: cuDNN as PyTorch sets it up (nondeterministic plans
+    allowed); off: no cuDNN: PyTorch's own CUDA convolution unfolds one image at a time (a GEMM per
+    image and layer, 5x slower for PreResNet-20 at batch 32 on an H200) and the estimate counts its
+    unfolded input. cuDNN's workspace is no tensor the estimate sees (uncapped, it took FeDepth's
+    clients up to 3x their estimate at batch 128 on an H200): a budgeted client trains under a cap of
+    its budget (`cuda_headroom_mib`), and cuDNN falls back to plans whose workspace fits."""
+    cuda_headroom_mib: int = 4
+    """With budgets, on CUDA: memory every client's estimate counts beyond its tensors, so that a
+    client that fits by the estimate also fits under the allocator's cap of its budget: the
+    allocator reserves memory in 2 MiB pages, and cuDNN's workspace lives in what is left."""
     trainer: str = "fast"
     """Client loop: fast (hfl's lean driver of the client module's Lightning hooks; never imports
     Lightning) or lightning (the module as a LightningModule under lightning.Trainer; same results, slower)."""
@@ -329,7 +330,7 @@ class BackendConfig:
     def __post_init__(self) -> None:
         check_choice("name", self.name, BACKENDS.names())
         check_choice("cudnn", self.cudnn, ("auto", "on", "off"))
-        check(self.cudnn_workspace_mib >= 0, "cudnn_workspace_mib", self.cudnn_workspace_mib, "an integer >= 0 (MiB)")
+        check(self.cuda_headroom_mib >= 0, "cuda_headroom_mib", self.cuda_headroom_mib, "an integer >= 0 (MiB)")
         check(self.threads >= 1, "threads", self.threads, "an integer >= 1")
         check(self.num_cpus_per_client > 0, "num_cpus_per_client", self.num_cpus_per_client, "a number > 0")
         check(self.actors_per_pool >= 0, "actors_per_pool", self.actors_per_pool, "an integer >= 0")

@@ -3,10 +3,11 @@ method, budgets) and the models built for it. Every backend trains its clients i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,37 +97,19 @@ def uses_cudnn(config: ExperimentConfig) -> bool:
     return config.backend.cudnn != "off"
 
 
-CUDNN_WORKSPACE_CAP = "CUDNN_CONV_WSCAP_DBG"
-"""cuDNN's own cap, in MiB, on the workspace of the convolution plans its heuristics offer; read by
-cuDNN, so it must be in the environment before the process's first convolution."""
-
-
-def caps_cudnn_workspace(config: ExperimentConfig) -> bool:
-    """Whether clients cap cuDNN's workspace (`backend.cudnn` auto with memory budgets)."""
-    return config.backend.cudnn == "auto" and config.budgets.enabled
-
-
-def cudnn_workspace_bytes(config: ExperimentConfig) -> int:
-    """What a client's estimated peak counts for cuDNN's workspace: the cap where clients train on
-    CUDA and cap it, else 0 (the CPU has no cuDNN; without budgets nothing is held to an estimate)."""
-    return config.backend.cudnn_workspace_mib * 2**20 if caps_cudnn_workspace(config) and clients_train_on_cuda(config) else 0
+def cuda_headroom_bytes(config: ExperimentConfig) -> int:
+    """What a client's estimated peak counts beyond its tensors (`backend.cuda_headroom_mib`): where
+    clients with budgets train on CUDA, under the allocator's cap of their budget; else 0."""
+    return config.backend.cuda_headroom_mib * 2**20 if config.budgets.enabled and clients_train_on_cuda(config) else 0
 
 
 def configure_cudnn(config: ExperimentConfig) -> None:
-    """Set this process's cuDNN as `backend.cudnn` asks, before its first convolution. Heuristic
-    algorithm choice (no timing search: the same plans every run, and none of the search's
-    workspace); under auto, deterministic plans and, with budgets, the workspace cap the estimate
-    counts. A cap already in the environment stays (cuDNN may have read it): a different one is logged."""
+    """Set this process's cuDNN as `backend.cudnn` asks: heuristic plan choice (no timing search,
+    whose trial workspaces would count against a client's cap) and, under auto, deterministic plans."""
     choice = config.backend.cudnn
     torch.backends.cudnn.enabled = choice != "off"
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = choice == "auto"
-    if caps_cudnn_workspace(config):
-        wanted = str(config.backend.cudnn_workspace_mib)
-        found = os.environ.setdefault(CUDNN_WORKSPACE_CAP, wanted)
-        if found != wanted:
-            log.warning("%s=%s is set in the environment: cuDNN's workspace is capped at %s MiB, while the estimates count "
-                        "backend.cudnn_workspace_mib=%s", CUDNN_WORKSPACE_CAP, found, found, wanted)
 
 
 def clients_train_on_cuda(config: ExperimentConfig) -> bool:
@@ -147,7 +130,7 @@ def use_expandable_segments() -> None:
     """Let CUDA's caching allocator grow its segments in place (`expandable_segments`) unless the
     user configured the allocator. Without it, a cached block up to 1 MiB larger than a request is
     handed out whole and counted whole by `torch.cuda.max_memory_allocated`, so a client measured
-    (and capped, see `hfl.backends.ray.cap_client_memory`) up to 1 MiB per live tensor above what its
+    (and capped, see `cap_client_memory`) up to 1 MiB per live tensor above what its
     tensors hold: PreResNet-20 0.78 MiB above the estimate, the ViT up to 12 MiB (issue 35).
     With it, the allocator splits off exactly what was asked (in 512-byte units). The setting is
     torch's own (PYTORCH_ALLOC_CONF); set here because a process may have used CUDA before."""
@@ -155,6 +138,40 @@ def use_expandable_segments() -> None:
         return
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9; older: the cuda one
     (setter or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")
+
+
+@contextlib.contextmanager
+def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> Iterator[None]:
+    """On CUDA, while a budgeted client trains, let this process allocate at most the client's
+    memory budget beyond what it holds for everything else (the data, other shapes' models): a
+    client whose training exceeds its budget fails with an out-of-memory error instead of borrowing
+    the device's memory, and cuDNN, whose workspace is no tensor the estimate sees, falls back to
+    plans whose workspace fits (PyTorch tries the next plan when a workspace allocation fails).
+
+    The budget covers the client model's weights, as the estimate and the measurement do. The
+    allocator caps the memory it reserves from the device, and reserved memory can exceed what is
+    allocated (small tensors share 2 MiB blocks), so the cap starts from what the process has
+    allocated, not reserved: the reserved slack would be headroom outside the budget (with it, on an
+    H200, FeDepth's 1/6 tier measured 51.0 MiB under a 40.4 MiB budget). The cache is emptied
+    first, so that free cached segments do not count against the cap. The cap is lifted afterwards,
+    for the server's evaluation and the next client's set-up."""
+    budget = task.ctx.budget.memory_bytes if task.ctx.budget else None
+    if env.device.type != "cuda" or budget is None:
+        yield
+        return
+    # An index: set_per_process_memory_fraction refuses a bare torch.device("cuda").
+    device = env.device.index if env.device.index is not None else torch.cuda.current_device()
+    model = env.model(task.spec)  # built first: its weights are part of the budget
+    model.zero_grad(set_to_none=True)  # a failed client's gradients must not count as held
+    torch.cuda.empty_cache()
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    held = torch.cuda.memory_allocated(device) - weights
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, max(held + budget, 1) / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
 def warm_up_cuda(device: torch.device) -> None:
@@ -334,7 +351,8 @@ class ClientEnvironment:
         def peer() -> nn.Module:
             return self.method.client_model(task.spec).to(self.device)
 
-        update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes, peer)
+        with cap_client_memory(self, task):
+            update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes, peer)
         update.metrics.update(self.cost_metrics(task))
         return update
 
@@ -398,7 +416,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
         weight_decay=config.fl.weight_decay,
         input_dtype=data.input_dtype,
         conv_workspace=clients_train_on_cuda(config) and not uses_cudnn(config),
-        cudnn_workspace=cudnn_workspace_bytes(config),
+        cuda_headroom=cuda_headroom_bytes(config),
         precision=config.fl.precision,
         shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
     )

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hfl.config import FLConfig, load_config
 from hfl.errors import ConfigError
@@ -128,21 +129,25 @@ def test_exponent_notation_without_a_dot_is_a_number():
         load_config(QUICKSTART, ["fl.lr=fast"])
 
 
-@pytest.mark.parametrize(("choice", "budgets", "cudnn", "capped"), [
-    ("auto", {}, True, False), ("auto", {"scenario": "fair"}, True, True), ("on", {"scenario": "fair"}, True, False),
+@pytest.mark.parametrize(("choice", "budgets", "enabled", "deterministic"), [
+    ("auto", {}, True, True), ("auto", {"scenario": "fair"}, True, True), ("on", {"scenario": "fair"}, True, False),
     ("off", {"scenario": "fair"}, False, False)])
-def test_cudnn_runs_unless_off_and_auto_caps_its_workspace_under_budgets(choice, budgets, cudnn, capped):
-    """Budgeted clients run cuDNN with its workspace capped (auto), so that the measured and capped
-    peak is what the estimate counts; 'on' leaves cuDNN's workspace unbounded, 'off' runs without it."""
-    from hfl.experiment import caps_cudnn_workspace, uses_cudnn
+def test_cudnn_runs_unless_off_with_deterministic_heuristic_plans_under_auto(choice, budgets, enabled, deterministic):
+    """Budgeted clients keep cuDNN (its workspace lives under the cap of their budget); auto picks
+    deterministic plans by heuristics, with no timing search whose trial workspaces would count."""
+    from hfl.experiment import configure_cudnn
 
-    config = small_config(backend={"device": "cpu", "cudnn": choice}, budgets=budgets)
-    assert (uses_cudnn(config), caps_cudnn_workspace(config)) == (cudnn, capped)
+    try:
+        configure_cudnn(small_config(backend={"device": "cpu", "cudnn": choice}, budgets=budgets))
+        cudnn = torch.backends.cudnn
+        assert (cudnn.enabled, cudnn.deterministic, cudnn.benchmark) == (enabled, deterministic, False)
+    finally:
+        configure_cudnn(small_config())
 
 
-def test_a_negative_cudnn_workspace_names_the_field():
-    with pytest.raises(ConfigError, match=r"backend\.cudnn_workspace_mib.*-1"):
-        small_config(backend={"cudnn_workspace_mib": -1})
+def test_a_negative_cuda_headroom_names_the_field():
+    with pytest.raises(ConfigError, match=r"backend\.cuda_headroom_mib.*-1"):
+        small_config(backend={"cuda_headroom_mib": -1})
 
 
 def test_an_unknown_cudnn_choice_names_the_field_and_the_choices():

@@ -62,9 +62,8 @@ class Accountant:
     conv_workspace: bool = False
     """Count the unfolded input CUDA's convolutions allocate without cuDNN (clients on CUDA with
     cuDNN off): on an H100 it was what put FeDepth's single-block peaks 6 % above the estimate."""
-    cudnn_workspace: int = 0
-    """Bytes of cuDNN workspace a client's convolutions may hold beside its tensors (the cap clients
-    on CUDA set under budgets), counted once in the peak of a model with convolutions."""
+    cuda_headroom: int = 0
+    """Bytes a budgeted client on CUDA keeps beyond its tensors, added to every peak (`backend.cuda_headroom_mib`)."""
     precision: str = "32-true"
     """The clients' `fl.precision`: training is measured under its autocast."""
     shared_as: CostScopes | None = None
@@ -87,7 +86,7 @@ class Accountant:
         return measure_training_cost(
             model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
             record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay, input_dtype=self.input_dtype,
-            conv_workspace=self.conv_workspace, cudnn_workspace=self.cudnn_workspace, in_place=in_place, precision=self.precision,
+            conv_workspace=self.conv_workspace, headroom=self.cuda_headroom, in_place=in_place, precision=self.precision,
         )
 
     def zero_inputs(self, size: int) -> Tensor:
@@ -129,7 +128,7 @@ class Accountant:
             store = self._cache
         else:
             shared = (getattr(self.shared_as, scope), self.input_shape, self.num_classes, self.optimizer, self.weight_decay, self.input_dtype,
-                      self.conv_workspace, self.cudnn_workspace, self.precision)
+                      self.conv_workspace, self.cuda_headroom, self.precision)
             store, full_key = _shared_costs, (*shared, *full_key)
         if full_key not in store:
             if store is _shared_costs and len(store) >= SHARED_COSTS_KEPT:

@@ -279,7 +279,7 @@ def measure_training_cost(
     conv_workspace: bool = False,
     in_place: bool = False,
     precision: str = "32-true",
-    cudnn_workspace: int = 0,
+    headroom: int = 0,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
     `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
@@ -288,8 +288,8 @@ def measure_training_cost(
     activations, the batch), not a timeline. Without `count_flops` the FLOPs are reported as 0 (for
     searches over many shapes). With `conv_workspace` the peak also counts the largest convolution's
     unfolded input (`conv_workspace_bytes`), which CUDA allocates outside torch's tensors when cuDNN
-    is off; `cudnn_workspace` bytes (cuDNN's capped workspace) come on top of the peak of a model
-    with convolutions. The model is copied, so its weights and statistics stay
+    is off; `headroom` bytes come on top of the peak (what a client on CUDA keeps for its allocator's
+    pages and cuDNN's workspace under the cap of its budget). The model is copied, so its weights and statistics stay
     unchanged; `in_place` trains `model` itself instead (one built for this measurement alone; not
     copying a PreResNet-20 makes measuring it about 10 % faster). `precision` (`fl.precision`) runs
     the forward pass under its autocast, as clients do: the activations saved in bfloat16 are what
@@ -331,8 +331,7 @@ def measure_training_cost(
         peak = param_bytes + input_bytes + created
     if conv_workspace:  # at most one convolution runs at a time: its unfolded input comes on top once
         peak += allocation_bytes(max(small.conv_workspace_bytes, large.conv_workspace_bytes), CUDA_ALLOCATION_UNIT)
-    if cudnn_workspace and any(isinstance(m, nn.Conv2d) for m in model.modules()):
-        peak += allocation_bytes(cudnn_workspace, CUDA_ALLOCATION_UNIT)
+    peak += headroom
     return TrainingCost(
         batch_size=batch_size,
         param_bytes=param_bytes,

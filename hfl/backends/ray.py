@@ -53,32 +53,6 @@ HEAD_GRACE_S = 15.0
 GCS that restarts, well within the 60 s after which Ray ends a driver that lost it without a word."""
 
 
-def cap_client_memory(env: ClientEnvironment, task: ClientTask | None) -> None:
-    """On CUDA, let this process allocate at most the client's memory budget beyond what it holds
-    for everything else (the data, other shapes' models), so that a client whose training exceeds
-    its budget fails with an out-of-memory error instead of borrowing the device's memory; with no
-    task (or no budget), lift the cap.
-
-    The budget covers the client model's weights, as the estimate and the measurement do. The
-    allocator caps the memory it reserves from the device, so its cache is emptied first: free
-    cached blocks would otherwise be headroom outside the cap."""
-    if env.device.type != "cuda":
-        return
-    # An index: set_per_process_memory_fraction refuses a bare torch.device("cuda").
-    device = env.device.index if env.device.index is not None else torch.cuda.current_device()
-    torch.cuda.set_per_process_memory_fraction(1.0, device)  # the last client's cap must not bind this one's set-up
-    budget = task.ctx.budget.memory_bytes if task is not None and task.ctx.budget else None
-    if budget is None:
-        return
-    model = env.model(task.spec)  # built first: its weights are part of the budget
-    model.zero_grad(set_to_none=True)  # a failed client's gradients must not count as held
-    torch.cuda.empty_cache()
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    held = torch.cuda.memory_reserved(device) - weights
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, max(held + budget, 1) / total), device)
-
-
 class ClientActor:
     """One simulated-client worker; trains whichever clients it is handed."""
 
@@ -107,8 +81,6 @@ class ClientActor:
         global_state = self.global_state
         for task in tasks:
             self._maybe_fail(task)
-        # Clients trained together share one stacked model, which no single budget covers: uncapped.
-        cap_client_memory(self.env, tasks[0] if len(tasks) == 1 else None)
         updates = self.env.train_unit(global_state, tasks)
         for update in updates:
             update.metrics.update(self.placement)

@@ -157,12 +157,11 @@ def test_conv_workspace_adds_the_largest_unfolded_input_once():
     assert conv_workspace_bytes(nn.Conv2d(4, 8, 3, groups=2), out) == 2 * 9 * 25 * 4
 
 
-def test_clients_on_cuda_count_the_workspace_of_their_convolutions():
-    """Without cuDNN the unfolded input; with it under budgets (auto) the workspace cap, which the
-    process sets for cuDNN before its first convolution."""
-    import os
-
-    from hfl.experiment import CUDNN_WORKSPACE_CAP, ClientEnvironment, clients_train_on_cuda, configure_cudnn
+def test_budgeted_clients_on_cuda_count_their_headroom_and_without_cudnn_the_unfolded_input():
+    """Without cuDNN the unfolded input of the largest convolution; with budgets on CUDA the
+    headroom every client keeps under the allocator's cap of its budget (pages, cuDNN's workspace)."""
+    from hfl.experiment import ClientEnvironment, clients_train_on_cuda
+    from hfl.models import build_model
     from tests.conftest import small_config
 
     budgeted = {"scenario": "fair"}
@@ -175,29 +174,16 @@ def test_clients_on_cuda_count_the_workspace_of_their_convolutions():
     # A CPU head planning for GPU actors counts what they will hold.
     ray_gpus = {**auto, "name": "ray", "num_gpus_per_client": 0.5}
     off = ClientEnvironment.from_config(small_config(backend={**ray_gpus, "cudnn": "off"}, budgets=budgeted)).accountant
-    capped = ClientEnvironment.from_config(small_config(backend={**ray_gpus, "cudnn_workspace_mib": 3}, budgets=budgeted)).accountant
+    on = ClientEnvironment.from_config(small_config(backend={**ray_gpus, "cuda_headroom_mib": 3}, budgets=budgeted)).accountant
     unbudgeted = ClientEnvironment.from_config(small_config(backend=ray_gpus)).accountant
     cpu = ClientEnvironment.from_config(small_config(backend={"device": "cpu"}, budgets=budgeted)).accountant
-    assert (off.conv_workspace, off.cudnn_workspace) == (True, 0)
-    assert (capped.conv_workspace, capped.cudnn_workspace) == (False, 3 * 2**20)
-    assert (unbudgeted.conv_workspace, unbudgeted.cudnn_workspace) == (False, 0)
-    assert (cpu.conv_workspace, cpu.cudnn_workspace) == (False, 0)
-    from hfl.models import build_model
-
+    assert (off.conv_workspace, off.cuda_headroom) == (True, 4 * 2**20)
+    assert (on.conv_workspace, on.cuda_headroom) == (False, 3 * 2**20)
+    assert (unbudgeted.conv_workspace, unbudgeted.cuda_headroom) == (False, 0)
+    assert (cpu.conv_workspace, cpu.cuda_headroom) == (False, 0)
     model = build_model("preresnet20", 3, 10, width=0.25)
-    extra = measure_training_cost(model, (3, 32, 32), 10, 8, cudnn_workspace=3 * 2**20).peak_bytes
-    assert extra - measure_training_cost(model, (3, 32, 32), 10, 8).peak_bytes == 3 * 2**20
-    saved = os.environ.pop(CUDNN_WORKSPACE_CAP, None)
-    try:
-        configure_cudnn(small_config(backend={"cudnn_workspace_mib": 3}, budgets=budgeted))
-        assert os.environ[CUDNN_WORKSPACE_CAP] == "3" and torch.backends.cudnn.deterministic
-        configure_cudnn(small_config(backend={"cudnn_workspace_mib": 5}, budgets=budgeted))
-        assert os.environ[CUDNN_WORKSPACE_CAP] == "3"  # cuDNN may have read the first: it stays
-    finally:
-        os.environ.pop(CUDNN_WORKSPACE_CAP, None)
-        if saved is not None:
-            os.environ[CUDNN_WORKSPACE_CAP] = saved
-        configure_cudnn(small_config())
+    with_headroom = measure_training_cost(model, (3, 32, 32), 10, 8, headroom=3 * 2**20).peak_bytes
+    assert with_headroom - measure_training_cost(model, (3, 32, 32), 10, 8).peak_bytes == 3 * 2**20
 
 
 def test_held_tensors_count_until_they_are_freed():
