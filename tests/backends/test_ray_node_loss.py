@@ -1,0 +1,243 @@
+"""A run on a loopback Ray cluster that loses what clusters lose (issue 46): a worker node of each
+tier in the middle of a round, then the head's GCS. The cluster is built as in
+test_ray_multinode.py (head 1 CPU; `small`: 1 CPU + `hfl_tier_small`; `large`: 2 CPUs, 2 declared
+GPUs + `hfl_tier_large: 2`), once for the module: the tests run in order and each leaves the
+cluster as the next expects it.
+
+The driver is `hfl run` joining the cluster (RAY_ADDRESS), as a user on the head runs it. A round is
+"in the middle" by construction, not by timing: a chaos rule makes one client of the tier hang in
+round 2, and round 2 is in flight once round 1's line is written (the driver starts a round's
+training before it logs the last one). The GCS health checks are fast here (1 s, 2 misses) so that
+a dead node is noticed in seconds rather than Ray's default half a minute.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hfl.config import load_config
+from hfl.loggers import read_metrics
+from hfl.server import run_experiment
+from tests.backends.test_ray_multinode import RAY, TIERS, free_port, list_nodes, node_ports
+from tests.conftest import QUICKSTART, ROOT, cli_env
+
+pytestmark = pytest.mark.slow
+RUN = ["fl.clients=8", "fl.fraction=1.0", "fl.local_epochs=1", *TIERS]
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                      "RAY_health_check_failure_threshold": "2", "RAY_health_check_initial_delay_ms": "1000"}
+
+
+class Cluster:
+    """Three `ray start --block` processes, each in a process group of its own, so that killing a
+    group SIGKILLs that node's raylet and workers (and nothing else)."""
+
+    def __init__(self, temp: Path, token: str) -> None:
+        self.port, self.dashboard = free_port(), free_port()
+        self.token, self.temp = token, temp
+        self.env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0", **FAST_HEALTH_CHECKS}
+        self.address = f"http://127.0.0.1:{self.dashboard}"
+        join = [RAY, "start", "--block", f"--address=127.0.0.1:{self.port}", "--node-ip-address=127.0.0.1"]
+        self.commands = {
+            # The head without --block, as `ray up` starts it: `ray start --block` would take the
+            # whole head down with its GCS, and the driver with its raylet, before it could say a word.
+            "head": [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}", "--dashboard-host=127.0.0.1",
+                     f"--dashboard-port={self.dashboard}", f"--ray-client-server-port={free_port()}", "--num-cpus=1", f"--temp-dir={temp}"],
+            "small": [*join, "--num-cpus=1", '--resources={"hfl_tier_small": 1}'],
+            "large": [*join, "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}'],
+        }
+        self.nodes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str) -> None:
+        """Start node `name` and wait until the cluster lists it alive (a node joining runs
+        alone: nodes starting at once on one machine pick the same socket and log names)."""
+        want = len(self.alive()) + 1 if self.nodes else 1
+        self.nodes[name] = subprocess.Popen([*self.commands[name], *node_ports()], env=self.env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 180
+        while len(self.alive()) < want:
+            if time.time() > deadline:
+                pytest.fail(f"Ray node {name} did not join within 180 s")
+            time.sleep(1)
+
+    def alive(self) -> list[dict]:
+        try:
+            return [n for n in list_nodes(self.address, self.token) if n["state"] == "ALIVE"]
+        except Exception:  # noqa: BLE001 - the dashboard is not up yet
+            return []
+
+    def kill(self, name: str) -> None:
+        """SIGKILL node `name`: its raylet, its workers and its `ray start`, all at once."""
+        node = self.nodes.pop(name)
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+
+    def kill_gcs(self) -> None:
+        """SIGKILL the head's GCS server alone (its raylet and dashboard stay, as when the GCS crashes)."""
+        head = self.nodes["head"].pid
+        out = subprocess.run(["pgrep", "-g", str(head), "-x", "gcs_server"], capture_output=True, text=True, check=False).stdout
+        pids = [int(p) for p in out.split()]
+        assert pids, "no gcs_server in the head's process group"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.nodes)):
+            node = self.nodes.pop(name)
+            if node.poll() is None:
+                node.terminate()  # `ray start --block` stops its node's processes on SIGTERM in ~3 s
+                try:
+                    node.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(node.pid, signal.SIGKILL)  # what outlived it: the head's daemons, a GCS-less raylet's workers
+            except ProcessLookupError:
+                pass
+            node.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    temp = Path("/tmp") / f"hfl-nl-{os.getpid()}"  # Ray limits socket path lengths: keep it short
+    cluster = Cluster(temp, os.urandom(32).hex())
+    try:
+        for name in ("head", "small", "large"):
+            cluster.start(name)
+        yield cluster
+    finally:
+        cluster.stop()
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run (local backend: the same numbers as Ray's, tests/backends/test_ray.py)
+    and each client's tier."""
+    out = tmp_path_factory.mktemp("reference")
+    run_experiment(load_config(QUICKSTART, [*RUN, "fl.rounds=6"]), out)
+    records = read_metrics(out)
+    return records, {c["id"]: c["tier"] for c in records[0]["clients"]}
+
+
+def driver(cluster, out, *args, resume=False):
+    command = [sys.executable, "-m", "hfl.cli", "run", *(["--resume", str(out)] if resume else [str(QUICKSTART), "--out", str(out)]), *args]
+    env = {**cluster.env, "RAY_ADDRESS": f"127.0.0.1:{cluster.port}", "HFL_DATA": str(out.parent / "data")}
+    log = open(out.parent / f"{out.name}-driver.log", "a")  # noqa: SIM115 - closed by the caller through finish()
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def rounds_done(out) -> int:
+    return len(read_metrics(out)) if (out / "metrics.jsonl").exists() else 0
+
+
+def wait_for_round(process, out, round_, limit=300):
+    """Wait until the run has written round `round_`'s line (a safety limit, not the event: the line is)."""
+    deadline = time.time() + limit
+    while rounds_done(out) < round_:
+        assert process.poll() is None, f"the driver ended (exit {process.returncode}) before round {round_}:\n{output(out)}"
+        assert time.time() < deadline, f"round {round_} not written within {limit} s:\n{output(out)}"
+        time.sleep(0.5)
+
+
+def output(out) -> str:
+    return (out.parent / f"{out.name}-driver.log").read_text()
+
+
+def finish(process, out, limit=240) -> str:
+    try:
+        process.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"the driver hung for {limit} s:\n{output(out)[-3000:]}")
+    return output(out)
+
+
+def numbers(record):
+    return record["accuracy"], record["loss"], [(c["id"], c["train_loss"]) for c in record["clients"]]
+
+
+def check_node_loss(cluster, reference, tmp_path, tier, rounds=3, restart_after=None):
+    """Kill `tier`'s node in the middle of round 2: the run finishes; round 2 lists that node's
+    unfinished clients as failed with the reason; round 3 runs them on CPU actors of the other
+    nodes, with a warning naming the tier; round 1 is the uninterrupted run's. With
+    `restart_after`, the node starts again once that round is written, while the driver is
+    stopped (SIGSTOP), so that the next round it submits is the first to see it."""
+    records, tiers = reference
+    hung = min(c for c, t in tiers.items() if t == tier)
+    out = tmp_path / "run"
+    process = driver(cluster, out, "backend.name=ray", "backend.gpu_memory=4MB", *RUN, f"fl.rounds={rounds}", f"backend.chaos=[2:{hung}:hang]")
+    wait_for_round(process, out, 1)
+    cluster.kill(tier)
+    if restart_after:
+        wait_for_round(process, out, restart_after)
+        os.killpg(process.pid, signal.SIGSTOP)
+        try:
+            cluster.start(tier)
+        finally:
+            os.killpg(process.pid, signal.SIGCONT)
+    text = finish(process, out)
+    assert process.returncode == 0, text[-3000:]
+    assert "Traceback" not in text
+    got = read_metrics(out)
+    assert numbers(got[0]) == numbers(records[0])  # the round before the kill
+    failed = {f["id"]: f["reason"] for f in got[1]["failed_clients"]}
+    assert hung in failed and set(failed) <= {c for c, t in tiers.items() if t == tier}, failed
+    assert all("actor died" in r or "node lost" in r for r in failed.values()), failed
+    assert set(failed) | {c["id"] for c in got[1]["clients"]} == set(tiers)  # every client trained or is listed
+    assert not got[2]["failed_clients"] and len(got[2]["clients"]) == 8  # round 3 on the nodes left
+    moved = [c for c in got[2]["clients"] if c["tier"] == tier]
+    assert moved and all(f"hfl_tier_{tier}" not in c["ray_resources"] and "GPU" not in c["ray_resources"] for c in moved)
+    assert f"no live node advertises hfl_tier_{tier}" in text
+    return out
+
+
+def test_a_small_node_that_dies_mid_round_fails_its_clients_for_that_round_only_and_its_pool_grows_back(cluster, reference, tmp_path):
+    out = check_node_loss(cluster, reference, tmp_path, "small", rounds=4, restart_after=2)
+    back = read_metrics(out)[3]  # the first round submitted after the node returned
+    assert not back["failed_clients"]
+    assert all(c["ray_resources"].get("hfl_tier_small") == 1 for c in back["clients"] if c["tier"] == "small")
+
+
+def test_a_large_node_that_dies_mid_round_fails_its_clients_and_a_resume_runs_without_it(cluster, reference, tmp_path):
+    out = check_node_loss(cluster, reference, tmp_path, "large")
+    # A resume while the tier's node is gone: its clients run on CPU actors, without backend.device=cpu,
+    # and with a longer actor start timeout (a setting that changes no number).
+    process = driver(cluster, out, "fl.rounds=4", "backend.actor_start_timeout_s=100", resume=True)
+    text = finish(process, out)
+    assert process.returncode == 0, text[-3000:]
+    last = read_metrics(out)[-1]
+    assert last["round"] == 4 and len(last["clients"]) == 8 and not last["failed_clients"]
+    # Where the run must not go on without the tier: one line, before any actor starts.
+    process = driver(cluster, tmp_path / "strict", "backend.name=ray", "backend.gpu_memory=4MB", "backend.tier_strict=true", *RUN)
+    text = finish(process, tmp_path / "strict")
+    assert process.returncode == 2 and "Traceback" not in text, text[-3000:]
+    assert [line for line in text.splitlines() if line.startswith("hfl: error:")] == [
+        next(line for line in text.splitlines() if "backend.tier_strict=True is not allowed" in line and "hfl_tier_large" in line)]
+
+
+def test_a_head_whose_gcs_dies_stops_the_run_in_one_line_that_says_how_to_resume_it(cluster, reference, tmp_path):
+    records, _ = reference
+    out = tmp_path / "run"
+    process = driver(cluster, out, "backend.name=ray", "backend.gpu_memory=4MB", *RUN, f"fl.rounds={len(records)}")
+    wait_for_round(process, out, 1)
+    cluster.kill_gcs()
+    killed = time.monotonic()
+    assert rounds_done(out) < len(records)  # the GCS died while the run had rounds to go
+    text = finish(process, out, limit=120)
+    took = time.monotonic() - killed
+    errors = [line for line in text.splitlines() if line.startswith("hfl: error:")]
+    assert took < 90 and process.returncode not in (0, None), (took, text[-3000:])
+    assert len(errors) == 1 and "head" in errors[0] and f"hfl run --resume {out}" in errors[0], text[-3000:]
+    assert "Traceback" not in text
+    cluster.stop()  # the head is gone: a fresh cluster (here one Ray instance the driver starts) continues the run
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", "--resume", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [numbers(r) for r in read_metrics(out)] == [numbers(r) for r in records]  # as if it had never stopped
