@@ -288,18 +288,20 @@ class RayBackend:
     def _start(self, pool: Pool, count: int) -> list[Any]:
         return [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
 
-    def _spawn(self, name: str, actors: list[Any]) -> list[Any]:
+    def _spawn(self, name: str, actors: list[Any]) -> tuple[list[Any], int]:
         """Wait until started `actors` are built, so start-up never counts against a client's
         timeout, and return those that are. Actors the cluster cannot place (more CPUs asked than it
         has, more actors than fit) would wait forever: past `backend.actor_start_timeout_s` the pool
         goes on with those that started. Before the first round, the run then stops with a
         ConfigError if none did; later (a node went away), the pool's clients fail for the round. An
         actor that died (its node did) is left out. An actor that cannot build the experiment (no
-        data on its node) stops the run with that actor's one-line reason."""
+        data on its node) stops the run with that actor's one-line reason. Returns the started actors
+        and how many died."""
         pool = self.pools[name]
         count = len(actors)
         pending = {actor.ready.remote(): actor for actor in actors}
         started: list[Any] = []
+        died = 0
         limit = self.config.backend.actor_start_timeout_s
         deadline = time.monotonic() + limit if limit else None
         while pending:
@@ -314,6 +316,7 @@ class RayBackend:
                         problem = ray.get(ref)  # raises what an actor's constructor raised
                     except ray.exceptions.RayActorError as error:
                         log.warning("ray pool %s: an actor did not start: %s", name, RayBackend._first_line(error))
+                        died += 1
                         continue
                     if problem is not None:
                         for other in [*actors, *pool.actors]:
@@ -340,7 +343,7 @@ class RayBackend:
                                   "longer for a cluster that is scaling up")
             log.warning("only %d of %d client actors (%s) started within %gs: the pool goes on with %d",
                         len(started), count, pool.options, limit, len(pool.actors) + len(started))
-        return started
+        return started, died
 
     def _what_to_lower(self, pool: Pool) -> str:
         """The settings behind what `pool`'s actors ask for, for a hint when none could start."""
@@ -391,10 +394,15 @@ class RayBackend:
         Started actors answer at once, unless they died with their node; replacements started late
         last round may still be starting: waited for, so no client's timeout includes an actor's start-up."""
         pool = self.pools[name]
+        want = min(pool.size, clients)
         booting = self.booting.pop(name, [])
-        more = max(min(pool.size, clients) - len(pool.actors) - len(booting), 0)
+        more = max(want - len(pool.actors) - len(booting), 0)
         actors, pool.actors = pool.actors, []
-        pool.actors = self._spawn(name, actors + booting + self._start(pool, more))
+        pool.actors, died = self._spawn(name, actors + booting + self._start(pool, more))
+        # Actors that died since the last round (alone, or with a node whose loss the cluster has
+        # not noticed yet) are replaced once, where a live node can host them.
+        if died and len(pool.actors) < want and self.can_host(pool):
+            pool.actors += self._spawn(name, self._start(pool, min(died, want - len(pool.actors))))[0]
         return bool(pool.actors)
 
     def collect(self, round_: RayRound) -> tuple[list[ClientUpdate], list[dict[str, Any]]]:
