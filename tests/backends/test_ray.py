@@ -77,3 +77,30 @@ def test_batched_clients_on_ray_train_together_and_agree_with_one_by_one(tmp_pat
     # Clients trained together share their unit's time: at most 2 units per actor and round here.
     assert len({(c["ray_node"], c["seconds"]) for c in clients}) < len(clients)
     assert abs(batched["final_loss"] - one_by_one["final_loss"]) < 1e-3  # float rounding, not another algorithm
+
+
+def test_an_actor_that_died_between_rounds_is_replaced_instead_of_stopping_the_run(tmp_path, monkeypatch):
+    # Issue 46: an actor that died while idle (alone, or with a node the cluster had not yet noticed
+    # was gone) made the next round's start raise ActorDiedError, a traceback that ended the run.
+    from hfl.backends.placement import SHARED_POOL
+    from hfl.backends.ray import RayBackend
+
+    submit = RayBackend.submit
+
+    def submit_after_a_death(self, global_state, tasks):
+        if tasks and tasks[0].ctx.round == 2:
+            actor = self.pools[SHARED_POOL].actors[0]
+            ray.kill(actor)
+            while True:  # the event: the actor is dead, as the round starts
+                try:
+                    ray.get(actor.ready.remote(), timeout=30)
+                except ray.exceptions.RayActorError:
+                    break
+        return submit(self, global_state, tasks)
+
+    monkeypatch.setattr(RayBackend, "submit", submit_after_a_death)
+    config = small_config(fl={"rounds": 2, "clients": 2, "fraction": 1.0}, backend={"name": "ray", "device": "cpu", "actors_per_pool": 1})
+    summary = run_experiment(config, tmp_path)
+    records = read_metrics(tmp_path)
+    assert summary["failed_client_rounds"] == 0 and [len(r["clients"]) for r in records] == [2, 2]
+    assert records[0]["clients"][0]["ray_node"] == records[1]["clients"][0]["ray_node"]  # replaced where it was
