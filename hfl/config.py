@@ -367,6 +367,9 @@ class LoggingConfig:
     """wandb project name."""
     wandb_group: str = ""
     """wandb group (e.g. a sweep name); empty for none."""
+    wandb_checkpoint: bool = False
+    """Also log the final checkpoint.pt as a wandb artifact (type model, alias final); offline it waits in
+    OUT/wandb until `wandb sync`."""
 
     def __post_init__(self) -> None:
         check_choice("wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))

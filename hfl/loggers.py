@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
+from hfl.scores import RoundScores
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"
@@ -77,11 +78,18 @@ def config_digest(config: ExperimentConfig) -> str:
     return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def wandb_run_id(config: ExperimentConfig) -> str:
-    """`<name>-<config hash>-s<seed>`: runs of one name with other settings or seeds never share an id
-    (comparison scripts reuse names such as `fedavg`); wandb allows letters, digits, `-`, `_`, `.`."""
+def folder_digest(out_dir: str | Path) -> str:
+    """A short hash of a run folder's absolute path (a URI as it is)."""
+    where = str(out_dir) if "://" in str(out_dir) else str(Path(out_dir).resolve())
+    return hashlib.sha1(where.encode()).hexdigest()[:6]
+
+
+def wandb_run_id(config: ExperimentConfig, out_dir: str | Path) -> str:
+    """`<name>-<config hash>-s<seed>-<folder hash>`: runs of one name with other settings or seeds
+    never share an id (comparison scripts reuse names such as `fedavg`), nor does the same config run
+    into two folders (offline runs of one id merge when synced); wandb allows letters, digits, `-`, `_`, `.`."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.name)
-    return f"{name}-{config_digest(config)}-s{config.seed}"
+    return f"{name}-{config_digest(config)}-s{config.seed}-{folder_digest(out_dir)}"
 
 
 WANDB_RUN_FOLDER = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-(?P<id>.+)$")
@@ -89,7 +97,7 @@ WANDB_RUN_FOLDER = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-(?P<id>.+)$")
 
 def existing_wandb_id(out_dir: Path) -> str | None:
     """The id of the latest wandb run in a run folder: a resumed run (whose `fl.rounds` may have
-    been raised, changing the hash) goes on in the same wandb run."""
+    been raised, changing the hash, or whose folder was moved) goes on in the same wandb run."""
     runs = sorted(p.name for p in (out_dir / "wandb").glob("*run-*") if p.is_dir() and WANDB_RUN_FOLDER.match(p.name))
     return WANDB_RUN_FOLDER.match(runs[-1])["id"] if runs else None
 
@@ -98,10 +106,11 @@ TIER_MEANS = ("train_loss", "estimated_peak_bytes", "measured_peak_bytes", "flop
 """Client fields averaged per budget tier in each round's wandb row."""
 
 
-def round_row(record: dict[str, Any]) -> dict[str, Any]:
-    """A round's metrics as flat wandb keys: scalars, sub-model / exit accuracies (`submodel_accuracy/x0.5`),
-    counts of failed and skipped clients, and per budget tier the means over its clients
-    (`tier/w1_2/mean_estimated_peak_bytes`)."""
+def round_row(record: dict[str, Any], scores: RoundScores | None = None) -> dict[str, Any]:
+    """A round's metrics as flat wandb keys: `round`, scalars, sub-model / exit accuracies
+    (`submodel_accuracy/x0.5`), counts of failed and skipped clients, per budget tier the means over its
+    clients (`tiers/w1_2/mean_estimated_peak_bytes`), and the round's scores (`RoundScores`: worst and
+    mean sub-model accuracy, per-tier accuracy, violations this round and so far)."""
     row = {k: v for k, v in flatten_slash({k: v for k, v in record.items() if k != "clients"}).items()
            if isinstance(v, (int, float)) and not isinstance(v, bool)}
     for key in ("failed_clients", "skipped_clients"):
@@ -109,15 +118,16 @@ def round_row(record: dict[str, Any]) -> dict[str, Any]:
     clients = record.get("clients", [])
     for tier in sorted({c["tier"] for c in clients if c.get("tier") is not None}):
         members = [c for c in clients if c.get("tier") == tier]
-        row[f"tier/{tier}/clients"] = len(members)
+        row[f"tiers/{tier}/clients"] = len(members)
         for key in TIER_MEANS:
             values = [c[key] for c in members if c.get(key) is not None]
             if values:
-                row[f"tier/{tier}/mean_{key}"] = sum(values) / len(values)
+                row[f"tiers/{tier}/mean_{key}"] = sum(values) / len(values)
     for key in ("train_loss", "bytes_up", "bytes_down"):
         values = [c[key] for c in clients if c.get(key) is not None]
         if values:
             row[f"clients/mean_{key}"] = sum(values) / len(values)
+    row.update((scores or RoundScores())(record))
     return row
 
 
@@ -132,19 +142,34 @@ def _table_cell(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (list, tuple)) else value  # a wandb table column holds scalars
 
 
+BEST_IS_LOWEST = re.compile(r"(^|/)(loss|perplexity|wall_seconds|seconds|violations|.*_violations|mean_.*_bytes|mean_flops|.*train_loss)$")
+"""History keys whose summary keeps the lowest value beside the last (others keep the highest)."""
+
+
+def summary_kind(key: str) -> str:
+    """What a history key's wandb summary keeps: accuracies their best (`max`), losses, violations and
+    costs their lowest (`min`), and every key its `last`."""
+    return ("min" if BEST_IS_LOWEST.search(key) or key.startswith("violations/") or "/violations/" in key else "max") + ",last"
+
+
 class WandbLogger:
-    """wandb as the dashboard: every round's metrics (global, sub-model, exit, ensemble, per tier), a
-    table of the round's clients and their resources, the resolved config (plus a sweep's values,
-    `swept`) and the run's summary. Offline unless configured; the files go to OUT/wandb.
+    """wandb as the dashboard: every round's metrics (global, sub-model, exit, ensemble, per tier, the
+    scores a sweep ranks by, violations), a table of the round's clients and their resources, the
+    resolved config (plus a sweep's values, `swept`) and the run's summary, and on request the final
+    checkpoint as an artifact. `round` is the step of every key; each key's summary holds its best and
+    its last value (`summary_kind`). Offline unless configured; the files go to OUT/wandb.
 
-    The run id and name are `<name>-<config hash>-s<seed>`, the group `logging.wandb_group` (a
-    comparison or a sweep), the job type the method."""
+    The run id and name are `<name>-<config hash>-s<seed>-<folder hash>` (a resumed run keeps the id
+    found in its folder), the group `logging.wandb_group` (a comparison or a sweep), the job type the
+    method. `records`: the rounds a resumed run has already run (their violations count on)."""
 
-    def __init__(self, config: ExperimentConfig, out_dir: Path, resume: bool, swept: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: ExperimentConfig, out_dir: Path, resume: bool, swept: dict[str, Any] | None = None,
+                 records: list[dict[str, Any]] | None = None, run_id: str | None = None) -> None:
         import wandb  # imported only when asked for: it is slow to import
 
         settings = config.logging
-        run_id = (existing_wandb_id(out_dir) if resume else None) or wandb_run_id(config)
+        self.out_dir, self.checkpoint = out_dir, settings.wandb_checkpoint
+        run_id = run_id or (existing_wandb_id(out_dir) if resume else None) or wandb_run_id(config, out_dir)
         try:
             self.run = wandb.init(
                 project=settings.wandb_project,
@@ -156,31 +181,59 @@ class WandbLogger:
                 mode=settings.wandb_mode,
                 config={**config.to_dict(), **({"swept": swept} if swept else {})},
                 resume="allow" if resume else None,
-                # A Ray worker reused for the next trial must not log into the last trial's run, which a
-                # scheduler's stop left open ("return_previous", wandb's default outside notebooks, would).
-                reinit="finish_previous",
+                # Runs of several Tune trials are open at once in the sweep's driver.
+                reinit="create_new",
             )
         except wandb.errors.UsageError as error:  # online without an API key
             raise ConfigError("logging.wandb_mode", settings.wandb_mode,
                               f"'offline' (the default; `wandb sync` uploads later), or 'online' after `wandb login` ({error})") from None
+        self.run.define_metric("round")
+        self.defined: set[str] = {"round"}
+        self.scores = RoundScores(records if records is not None else (read_metrics(out_dir) if resume else ()))
         self.finished = False
         log.info("wandb run %s in %s (mode %s)", run_id, out_dir, settings.wandb_mode)
 
-    def on_round(self, record: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any], round_: int) -> None:
+        """Log `row` at step `round_`, each new key defined with `round` as its step and its summaries."""
+        for key in row.keys() - self.defined:
+            if key != "client_resources":
+                # a `.` nests in define_metric's names (sub-model names such as x0.5 hold one)
+                self.run.define_metric(key.replace(".", "\\."), step_metric="round", summary=summary_kind(key))
+            self.defined.add(key)
+        self.run.log({**row, "round": round_}, step=round_)
+
+    def on_round(self, record: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Log a round (`extra`: more keys for its row, such as a Tune trial's PBT marks)."""
         import wandb
 
-        row: dict[str, Any] = round_row(record)
+        row: dict[str, Any] = {**round_row(record, self.scores), **(extra or {})}
         if record.get("clients"):
             columns, rows = client_table(record["clients"])
             row["client_resources"] = wandb.Table(columns=columns, data=rows)
-        self.run.log(row, step=record["round"])
+        self.log(row, record["round"])
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        self.run.summary.update(flatten_slash(summary))
+        # summary.json's keys, except those the history summarises itself (best and last)
+        self.run.summary.update({k: v for k, v in flatten_slash(summary).items() if k not in self.defined})
+        if self.checkpoint:
+            self.log_checkpoint()
         self.close()
 
+    def log_checkpoint(self) -> None:
+        """The run's checkpoint.pt as a `model` artifact (offline: kept in the run's wandb folder until synced)."""
+        import wandb
+
+        from hfl.checkpoint import CHECKPOINT
+
+        path = self.out_dir / CHECKPOINT
+        if path.is_file():
+            rounds = [r["round"] for r in read_metrics(self.out_dir)]
+            artifact = wandb.Artifact(f"{self.run.id}-checkpoint", type="model", metadata={"round": rounds[-1] if rounds else None})
+            artifact.add_file(str(path), name=CHECKPOINT)
+            self.run.log_artifact(artifact, aliases=["final"])
+
     def close(self) -> None:
-        """Finish the wandb run (once): at the run's end, or where a Tune trial is stopped early."""
+        """Finish the wandb run (once): at the run's end, or where a Tune trial ends early."""
         if not self.finished:
             self.finished = True
             self.run.finish()

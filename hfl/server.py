@@ -22,6 +22,7 @@ from hfl.experiment import ClientEnvironment
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS
+from hfl.scores import over_budget
 from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
 from hfl.storage import check_job_location, staged
 from hfl.types import RoundContext, TrainSettings
@@ -52,13 +53,6 @@ def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def over_budget(client: dict[str, Any]) -> dict[str, bool]:
-    """Which of a client-round's budgets it exceeded (estimated or, where measured, measured)."""
-    peak = max(client["estimated_peak_bytes"], client.get("measured_peak_bytes") or 0)
-    limits = (("memory", peak, "budget_bytes"), ("flops", client["flops"], "budget_flops"), ("upload", client["bytes_up"], "budget_upload_bytes"))
-    return {kind: client.get(key) is not None and used > client[key] for kind, used, key in limits}
 
 
 def warn_if_diverged(round_: int, updates: Sequence[Any], lr: float) -> bool:

@@ -61,7 +61,7 @@ def items(updates) -> dict:
 def heterofl_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("wandb") / "heterofl"
     config = small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, budgets=TWO_TIERS, fl={"rounds": 2},
-                          logging={"wandb": True, "wandb_group": "widths-on-digits"})
+                          logging={"wandb": True, "wandb_group": "widths-on-digits", "wandb_checkpoint": True})
     with pytest.MonkeyPatch.context() as env:  # the autouse offline fixture is per test; this run is per module
         env.setenv("WANDB_MODE", "offline")
         env.setenv("WANDB_SILENT", "true")
@@ -69,40 +69,90 @@ def heterofl_run(tmp_path_factory):
     return config, out, summary, wandb_records(out)
 
 
-@pytest.mark.slow
-def test_an_offline_run_holds_submodel_and_tier_metrics_under_a_unique_id(heterofl_run):
-    config, out, summary, records = heterofl_run
-    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert run.run_id == run.display_name == wandb_run_id(config) and run.run_id.startswith("test-") and run.run_id.endswith("-s0")
-    assert (run.run_group, run.job_type) == ("widths-on-digits", "heterofl")
-    logged = items(run.config.update)
-    assert logged["method"]["widths"] == [1.0, 0.5] and logged["budgets"]["memory"] == ["width:1/2", "width:1"]
-
-    history = {}
+def history_rows(records) -> dict[int, dict]:
+    """Round -> the wandb history row logged at that step (each round once: a second row fails)."""
+    rows = {}
     for r in records:
         if r.WhichOneof("record_type") == "history":
             row = items(r.history.item)
-            history[row["_step"]] = row
-    lines = read_metrics(out)
-    assert sorted(history) == [1, 2]
-    for line in lines:
-        row = history[line["round"]]
-        assert row["accuracy"] == line["accuracy"]
-        assert {k: v for k, v in row.items() if k.startswith("submodel_accuracy/")} == {
-            f"submodel_accuracy/{name}": acc for name, acc in line["submodel_accuracy"].items()}
-        for tier in ("w1", "w1_2"):
-            members = [c for c in line["clients"] if c["tier"] == tier]
-            assert row[f"tier/{tier}/clients"] == len(members) > 0
-            assert row[f"tier/{tier}/mean_estimated_peak_bytes"] == sum(c["estimated_peak_bytes"] for c in members) / len(members)
-        assert row["client_resources._type"] == "table-file" and row["client_resources.nrows"] == len(line["clients"])
+            assert row["_step"] not in rows, f"round {row['_step']} logged twice"
+            rows[row["_step"]] = row
+    return rows
 
+
+def final_summary(records) -> dict:
     final = {}
     for r in records:
         if r.WhichOneof("record_type") == "summary":
             final.update(items(r.summary.update))
-    assert final["worst_submodel_accuracy"] == summary["worst_submodel_accuracy"] == min(summary["submodel_accuracy"].values())
-    assert final["submodel_accuracy/x0.5"] == summary["submodel_accuracy"]["x0.5"]
-    assert final["tiers/w1_2/budget_violations"] == 0 and final["tiers/w1/budget_bytes"] == summary["tiers"]["w1"]["budget_bytes"]
+    return final
+
+
+@pytest.mark.slow
+def test_an_offline_run_holds_submodel_and_tier_metrics_under_a_unique_id(heterofl_run):
+    config, out, summary, records = heterofl_run
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == run.display_name == wandb_run_id(config, out) and run.run_id.startswith("test-") and "-s0-" in run.run_id
+    assert (run.run_group, run.job_type) == ("widths-on-digits", "heterofl")
+    logged = items(run.config.update)
+    assert logged["method"]["widths"] == [1.0, 0.5] and logged["budgets"]["memory"] == ["width:1/2", "width:1"]
+
+    history = history_rows(records)
+    lines = read_metrics(out)
+    assert sorted(history) == [1, 2]
+    for line in lines:
+        row = history[line["round"]]
+        assert row["accuracy"] == line["accuracy"] and row["round"] == line["round"]
+        submodels = {f"submodel_accuracy/{name}": acc for name, acc in line["submodel_accuracy"].items()}
+        assert {k: v for k, v in row.items() if k.startswith("submodel_accuracy/")} == submodels
+        # what a sweep ranks by, every round
+        assert row["worst_submodel_accuracy"] == min(submodels.values())
+        assert row["mean_submodel_accuracy"] == pytest.approx(sum(submodels.values()) / len(submodels))
+        assert row["violations/memory"] == row["budget_violations"] == 0 and row["flops_violations"] == 0
+        for tier in ("w1", "w1_2"):
+            members = [c for c in line["clients"] if c["tier"] == tier]
+            assert row[f"tiers/{tier}/clients"] == len(members) > 0
+            assert row[f"tiers/{tier}/mean_estimated_peak_bytes"] == sum(c["estimated_peak_bytes"] for c in members) / len(members)
+            assert row[f"tiers/{tier}/accuracy"] == pytest.approx(
+                sum(line["submodel_accuracy"][c["level"]] for c in members) / len(members))
+            assert row[f"tiers/{tier}/budget_violations"] == 0
+        assert not [k for k in row if k.startswith("tier/")]  # one namespace for tiers, as summary.json's
+        assert row["client_resources._type"] == "table-file" and row["client_resources.nrows"] == len(line["clients"])
+
+    # `round` is every key's step; a score's summary keeps its best and its last value
+    defined = {r.metric.name: r.metric for r in records if r.WhichOneof("record_type") == "metric"}
+    assert defined["worst_submodel_accuracy"].step_metric == "round" and defined["loss"].step_metric == "round"
+    final = final_summary(records)
+    worst = [history[r]["worst_submodel_accuracy"] for r in (1, 2)]
+    assert final["worst_submodel_accuracy"] == {"max": max(worst), "last": summary["worst_submodel_accuracy"]}
+    assert final["loss"]["min"] == min(history[r]["loss"] for r in (1, 2))
+    assert final["submodel_accuracy/x0.5"]["last"] == summary["submodel_accuracy"]["x0.5"]
+    assert final["final_accuracy"] == summary["final_accuracy"] and final["tiers/w1/budget_bytes"] == summary["tiers"]["w1"]["budget_bytes"]
+    assert final["budget_violations"]["last"] == summary["budget_violations"] == 0
+    # the final checkpoint, as an offline artifact (logging.wandb_checkpoint)
+    (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "model"]
+    assert artifact.name == f"{run.run_id}-checkpoint" and "final" in artifact.aliases
+
+
+def test_round_rows_count_violations_per_round_per_tier_and_so_far():
+    """Budgets broken in a round: counted in it, per tier, and in the run's totals since round 1."""
+    from hfl.scores import RoundScores
+
+    def client(tier, peak, budget, flops=1, level="x1"):
+        return {"id": 0, "tier": tier, "level": level, "estimated_peak_bytes": peak, "budget_bytes": budget, "flops": flops,
+                "budget_flops": 10, "bytes_up": 1, "budget_upload_bytes": None}
+
+    scores = RoundScores()
+    first = round_row({"round": 1, "accuracy": 0.5, "submodel_accuracy": {"x1": 0.6, "x0.5": 0.4},
+                       "clients": [client("a", 5, 4), client("a", 3, 4, flops=11, level="x0.5"), client("b", 9, 4)]}, scores)
+    assert (first["violations/memory"], first["violations/flops"], first["violations/upload"]) == (2, 1, 0)
+    assert (first["tiers/a/violations/memory"], first["tiers/b/violations/memory"], first["tiers/a/flops_violations"]) == (1, 1, 1)
+    assert first["tiers/a/accuracy"] == pytest.approx(0.5) and first["tiers/b/accuracy"] == 0.6
+    second = round_row({"round": 2, "accuracy": None, "clients": [client("b", 9, 4)]}, scores)
+    assert (second["violations/memory"], second["budget_violations"], second["tiers/b/budget_violations"]) == (1, 3, 2)
+    assert "worst_submodel_accuracy" not in second and "tiers/b/accuracy" not in second  # not evaluated this round
+    plain = round_row({"round": 1, "accuracy": 0.7, "clients": []})
+    assert plain["worst_submodel_accuracy"] == plain["mean_submodel_accuracy"] == 0.7  # one model: as a sweep ranks FedAvg
 
 
 @pytest.mark.slow
@@ -118,22 +168,24 @@ def test_the_client_table_of_a_round_holds_each_clients_resources(heterofl_run):
         (c["id"], c["tier"], c["estimated_peak_bytes"], c["bytes_up"], c["submodel"]["width"]) for c in last["clients"]]
 
 
-def test_run_ids_differ_by_config_and_seed_but_not_by_paths_or_logging(tmp_path):
+def test_run_ids_differ_by_config_seed_and_folder_but_not_by_paths_or_logging(tmp_path):
     base = small_config()
-    assert wandb_run_id(base) == wandb_run_id(small_config(logging={"wandb": True, "wandb_group": "x"}, data={"root": str(tmp_path)}))
-    others = {wandb_run_id(c) for c in (base, small_config(fl={"lr": 0.01}), small_config(seed=1), small_config(name="other"),
-                                        small_config(method={"name": "heterofl"}))}
+    assert wandb_run_id(base, tmp_path) == wandb_run_id(
+        small_config(logging={"wandb": True, "wandb_group": "x"}, data={"root": str(tmp_path)}), tmp_path)
+    others = {wandb_run_id(c, tmp_path) for c in (base, small_config(fl={"lr": 0.01}), small_config(seed=1), small_config(name="other"),
+                                                  small_config(method={"name": "heterofl"}))}
     assert len(others) == 5
-    assert wandb_run_id(small_config(name="a/b c")).startswith("a_b_c-")
+    assert wandb_run_id(base, tmp_path / "a") != wandb_run_id(base, tmp_path / "b")  # the same config in two folders
+    assert wandb_run_id(small_config(name="a/b c"), tmp_path).startswith("a_b_c-")
 
 
 def test_a_resumed_run_keeps_its_wandb_id_and_a_trial_logs_its_swept_values(tmp_path):
     config = small_config(fl={"rounds": 1}, logging={"wandb": True})
     run_experiment(config, tmp_path)
     longer = small_config(fl={"rounds": 2}, logging={"wandb": True})  # another hash: rounds were raised
-    assert wandb_run_id(longer) != wandb_run_id(config)
+    assert wandb_run_id(longer, tmp_path) != wandb_run_id(config, tmp_path)
     logger = WandbLogger(longer, tmp_path, resume=True, swept={"fl.lr": 0.05})
-    assert logger.run.id == wandb_run_id(config)
+    assert logger.run.id == wandb_run_id(config, tmp_path)
     assert logger.run.config["swept"] == {"fl.lr": 0.05}
     logger.close()
     logger.close()  # once only: a stopped trial's close, then nothing
@@ -142,14 +194,16 @@ def test_a_resumed_run_keeps_its_wandb_id_and_a_trial_logs_its_swept_values(tmp_
 def test_round_rows_flatten_nested_records_with_slashes():
     record = {"round": 3, "accuracy": 0.5, "loss": None, "exit_accuracy": {"block3": 0.4, "block6": 0.5}, "ensemble_accuracy": 0.55,
               "failed_clients": [{"id": 1}], "clients": [
-                  {"id": 0, "tier": "a", "train_loss": 1.0, "flops": 10, "submodel": {"width": 0.5, "dropped_blocks": [1]}},
-                  {"id": 1, "tier": "a", "train_loss": 3.0, "flops": 30, "submodel": {"width": 1.0, "dropped_blocks": []}}]}
+                  {"id": 0, "tier": "a", "train_loss": 1.0, "flops": 10, "estimated_peak_bytes": 5, "bytes_up": 2,
+                   "submodel": {"width": 0.5, "dropped_blocks": [1]}},
+                  {"id": 1, "tier": "a", "train_loss": 3.0, "flops": 30, "estimated_peak_bytes": 5, "bytes_up": 2,
+                   "submodel": {"width": 1.0, "dropped_blocks": []}}]}
     row = round_row(record)
     assert row["exit_accuracy/block3"] == 0.4 and row["ensemble_accuracy"] == 0.55 and "loss" not in row
-    assert (row["failed_clients"], row["skipped_clients"], row["tier/a/clients"], row["tier/a/mean_flops"]) == (1, 0, 2, 20)
+    assert (row["failed_clients"], row["skipped_clients"], row["tiers/a/clients"], row["tiers/a/mean_flops"]) == (1, 0, 2, 20)
     columns, rows = client_table(record["clients"])
-    assert columns == ["id", "tier", "train_loss", "flops", "submodel/width", "submodel/dropped_blocks"]
-    assert rows[0] == [0, "a", 1.0, 10, 0.5, "[1]"]
+    assert columns == ["id", "tier", "train_loss", "flops", "estimated_peak_bytes", "bytes_up", "submodel/width", "submodel/dropped_blocks"]
+    assert rows[0] == [0, "a", 1.0, 10, 5, 2, 0.5, "[1]"]
 
 
 def test_a_comparison_script_groups_its_runs_by_its_folder(tmp_path):

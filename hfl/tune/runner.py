@@ -54,7 +54,7 @@ from hfl.tune.trial import CONFIG_FILE, FINAL, OBJECTIVE, TrialSetup, make_train
 log = logging.getLogger(__name__)
 TUNE_DIR, TRIALS_DIR = "tune", "trials"
 PROGRESS_FILE = "progress.csv"  # Tune's records of a trial's results, as a table
-SWEEP_FILE, RESULTS_FILE, BEST_CONFIG_FILE = "sweep.yaml", "results.csv", "best_config.yaml"
+SWEEP_FILE, RESULTS_FILE, BEST_CONFIG_FILE, EXPLOITS_FILE = "sweep.yaml", "results.csv", "best_config.yaml", "exploits.json"
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,8 @@ class TuneOutcome:
     """Trial id of the best trial."""
     within_budget: bool = False
     """Whether trials that broke a budget were ranked last (and never best)."""
+    interrupted: bool = False
+    """Whether a Ctrl-C (SIGINT) ended the sweep early: `--resume` continues it."""
 
     @property
     def incomplete(self) -> list[str]:
@@ -121,16 +123,18 @@ def trials_at_once(resources_per_trial: Mapping[str, float], cluster: Mapping[st
     return max(1, int(min(fits) + 1e-9)) if fits else 1
 
 
-def _scheduler(sweep: Sweep) -> Any:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+def _scheduler(sweep: Sweep, folder: str) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     s = sweep.scheduler
     if s.name == "asha":
         return ASHAScheduler(time_attr="round", max_t=sweep.max_rounds, grace_period=s.grace_period, reduction_factor=s.reduction_factor)
     if s.name == "pbt":
+        from hfl.tune.progress import RecordingPBT
+
         mutations = {key: value for domain in sweep.space.values() for key, value in domain.mutations().items()}
-        return PopulationBasedTraining(
-            time_attr="round", perturbation_interval=s.perturbation_interval, hyperparam_mutations=mutations,
+        return RecordingPBT(
+            sweep, join(folder, EXPLOITS_FILE), time_attr="round", perturbation_interval=s.perturbation_interval, hyperparam_mutations=mutations,
             quantile_fraction=s.quantile_fraction, resample_probability=s.resample_probability, synch=s.synch,
         )
     return FIFOScheduler()
@@ -148,13 +152,15 @@ def _search(sweep: Sweep, concurrency: int) -> Any:
     return BasicVariantGenerator(max_concurrent=concurrency, random_state=seed)
 
 
-def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool, concurrency: int) -> Any:
+def _tuner(sweep: Sweep, folder: str, setup: TrialSetup, trainable: Any, resume: bool, concurrency: int) -> Any:
     from ray import tune
 
+    from hfl.tune.dashboard import TrialRuns
     from hfl.tune.progress import TrialProgress
 
-    if resume:
+    if resume:  # the scheduler and the callbacks come back as the sweep saved them
         return tune.Tuner.restore(join(folder, TUNE_DIR), trainable, resume_errored=True)
+    scheduler = _scheduler(sweep, folder)
     return tune.Tuner(
         trainable,
         param_space={key: value for domain in sweep.space.values() for key, value in domain.to_tune().items()},
@@ -162,7 +168,7 @@ def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool, concurrency:
             metric=OBJECTIVE,
             mode=sweep.mode,
             num_samples=sweep.num_samples,
-            scheduler=_scheduler(sweep),
+            scheduler=scheduler,
             search_alg=_search(sweep, concurrency),
             trial_dirname_creator=trial_dirname,
             reuse_actors=True,  # a fresh worker per trial re-imports torch: ~10 s each on 2 cores
@@ -174,7 +180,7 @@ def _tuner(sweep: Sweep, folder: str, trainable: Any, resume: bool, concurrency:
             # PBT keeps every checkpoint: a trial may clone another's at any time, and Ray, deleting a
             # population's old ones, loses track of a cloned trial's (FileNotFoundError on 2 rounds' sweeps).
             checkpoint_config=tune.CheckpointConfig(num_to_keep=None if sweep.scheduler.name == "pbt" else 2),
-            callbacks=[TrialProgress(sweep)],
+            callbacks=[TrialProgress(sweep), TrialRuns(setup, join(folder, EXPLOITS_FILE))],
             stop=FINAL,
         ),
     )
@@ -191,7 +197,10 @@ def _status(tune_status: str, rounds_done: int, rounds: int) -> str:
 def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
     from ray.tune import ExperimentAnalysis
 
+    from hfl.tune.progress import exploit_text, read_exploits, stop_reason
+
     analysis = ExperimentAnalysis(setup.tune_dir, default_metric=OBJECTIVE, default_mode=sweep.mode)
+    exploits = read_exploits(join(setup.tune_dir.rsplit("/", 1)[0], EXPLOITS_FILE))
     rows = []
     for trial in sorted(analysis.trials, key=lambda t: t.trial_id):
         # The values its run ended with (under PBT the last perturbed ones), as its config.yaml holds them.
@@ -208,6 +217,12 @@ def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
             rounds_done = int(frame["round"].iloc[-1])
             broken = int(frame["violations"].iloc[-1])
         rounds = int(trial_values(setup.base, swept)["fl"]["rounds"])
+        error = None
+        if trial.status == "ERROR":
+            error_file = join(setup.tune_dir, trial.trial_id, "error.txt")
+            lines = (read_text(error_file) or "(no error.txt)").strip().splitlines()
+            error = lines[-1]
+            log.warning("trial %s failed: %s (traceback in %s)", trial.trial_id, error, error_file)
         rows.append({
             "trial_id": trial.trial_id,
             **swept,
@@ -216,12 +231,10 @@ def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
             "violations": broken,
             "rounds": rounds_done,
             "status": _status(trial.status, rounds_done, rounds),
+            "reason": stop_reason(sweep, trial.status, rounds_done, rounds, error),
+            "exploits": "; ".join(exploit_text(e) for e in exploits.get(trial.trial_id, [])),
             "run_dir": join(setup.trials_dir, trial.trial_id),
         })
-        if trial.status == "ERROR":
-            error_file = join(setup.tune_dir, trial.trial_id, "error.txt")
-            lines = (read_text(error_file) or "(no error.txt)").strip().splitlines()
-            log.warning("trial %s failed: %s (traceback in %s)", trial.trial_id, lines[-1], error_file)
     return rows
 
 
@@ -284,6 +297,22 @@ def _write_results(folder: str, rows: list[dict[str, Any]]) -> None:
     write_text(join(folder, RESULTS_FILE), table.getvalue())
 
 
+class _Interruption(logging.Filter):
+    """Notes Tune's Ctrl-C and drops its lines about it, whose resume hint (`Tuner.restore(...)`) is
+    not hfl's (`hfl tune ... --resume`, which the caller prints)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Stop signal received"):
+            self.seen = True
+            return False
+        return "has been interrupted" not in message and "Tuner.restore" not in message
+
+
 def _start_ray() -> bool:
     import ray
 
@@ -312,6 +341,9 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = _start_ray()
+    interruption = _Interruption()
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(interruption)
     try:
         import ray
         from ray import tune
@@ -323,9 +355,10 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
         PROGRESS.info("sweep %s -> %s: %s by %s (%s), up to %d trial(s) at once, %s", sweep.name, folder, sweep.search,
                       sweep.metric, sweep.mode, concurrency, "resumed" if resume else f"scheduler {sweep.scheduler.name}")
         trainable = tune.with_resources(make_trainable(setup), dict(sweep.resources_per_trial))
-        _tuner(sweep, folder, trainable, resume, concurrency).fit()
+        _tuner(sweep, folder, setup, trainable, resume, concurrency).fit()
         rows = _results(sweep, setup)
     finally:
+        tune_log.removeFilter(interruption)
         if started:
             import ray
 
@@ -343,7 +376,7 @@ def run_tune(space_file: str, overrides: Sequence[str] = (), out: str | None = N
     return TuneOutcome(
         folder if is_uri(folder) else Path(folder),
         best_config, best[sweep.metric] if best else None, rows, sweep.metric, sweep.mode, best["trial_id"] if best else None,
-        sweep.within_budget,
+        sweep.within_budget, interruption.seen,
     )
 
 

@@ -6,6 +6,7 @@ describes the sweep folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,13 +20,13 @@ from typing import Any
 
 from hfl.checkpoint import CHECKPOINT
 from hfl.config import ExperimentConfig, config_from_dict
-from hfl.loggers import METRICS, WandbLogger, read_metrics
+from hfl.loggers import METRICS, read_metrics
 from hfl.storage import join, read_text, staged
 from hfl.tune.space import Domain, trial_values
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"  # Tune's record of a trial's results, a JSON line each
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE, SUMMARY_FILE = "config.yaml", "summary.json"
 OBJECTIVE = "objective"
 """The key Tune ranks by: the sweep's metric, or the worst value for a trial out of budget (`within_budget`)."""
 FINAL = {"final_round": 1}
@@ -113,7 +114,7 @@ class TuneReporter:
     evaluation are not reported (Tune requires the metric in every result). Rounds up to
     `recorded_upto` are not reported again: a restored trial replays them (see `recorded_rounds`).
 
-    The last round is reported when the run has ended (summary.json and the wandb run written),
+    The last round is reported when the run has ended (summary.json written),
     marked `final_round`, which stops the trial (`FINAL`): no scheduler acts on it, so PBT never
     replaces a finished run by another trial's.
     """
@@ -181,9 +182,22 @@ def _restore_into(run_dir: Path) -> bool:
     # Tune's copy wins over whatever the run folder holds: it is the state Tune's records end at
     # (the folder may be a round ahead, or on another node).
     with checkpoint.as_directory() as folder:
+        _keep_replaced_rounds(Path(folder), run_dir)
         for name in (CHECKPOINT, METRICS, CONFIG_FILE):
             shutil.copy2(Path(folder) / name, run_dir / name)
     return True
+
+
+def _keep_replaced_rounds(checkpoint: Path, run_dir: Path) -> None:
+    """Before PBT's exploit replaces a trial's history with the cloned trial's, keep the trial's own
+    rounds as metrics.pbt-<n>.jsonl (n: its n-th exploit): its wandb run holds them (`hfl.tune.dashboard`)."""
+    import yaml
+
+    own, theirs = run_dir / CONFIG_FILE, checkpoint / CONFIG_FILE
+    if not own.is_file() or not (run_dir / METRICS).is_file():
+        return
+    if yaml.safe_load(own.read_text())["name"] != yaml.safe_load(theirs.read_text())["name"]:  # a trial's name holds its id
+        shutil.copy2(run_dir / METRICS, run_dir / f"metrics.pbt-{len(list(run_dir.glob('metrics.pbt-*.jsonl'))) + 1}.jsonl")
 
 
 def recorded_rounds(result_file: str) -> int:
@@ -216,14 +230,11 @@ def run_trial(setup: TrialSetup, params: dict[str, Any]) -> None:
         # trial from scratch, and its replayed round 1 is already Tune's.
         recorded = recorded_rounds(join(setup.tune_dir, trial_id, RESULT_FILE))
         log.info("trial %s: %s in %s%s", trial_id, params, location, f" (resumed; Tune holds rounds up to {recorded})" if resume else "")
-        # The trial's own wandb run carries its swept values; the server then starts none.
-        wandb = [WandbLogger(config, run_dir, resume, swept=setup.swept(params))] if config.logging.wandb else []
-        try:
-            # Upload first: Tune may end the trial inside the report (a scheduler's stop, a Ctrl-C).
-            run_experiment(config, run_dir, resume=resume, callbacks=[Upload(push), *wandb, TuneReporter(setup, config, run_dir, recorded)])
-        finally:
-            for logger in wandb:  # a trial Tune stops never reaches the run's end, which finishes it
-                logger.close()
+        # The sweep's driver logs the trial's wandb run (hfl.tune.dashboard): a worker's run is lost when
+        # Ray pauses or stops the trial (so the trial's config.yaml says wandb: false; best_config.yaml keeps the sweep's).
+        quiet = dataclasses.replace(config, logging=dataclasses.replace(config.logging, wandb=False))
+        # Upload first: Tune may end the trial inside the report (a scheduler's stop, a Ctrl-C).
+        run_experiment(quiet, run_dir, resume=resume, callbacks=[Upload(push), TuneReporter(setup, config, run_dir, recorded)])
 
 
 def make_trainable(setup: TrialSetup) -> Callable[[dict[str, Any]], None]:

@@ -515,7 +515,7 @@ def progress():
 
 @pytest.mark.slow
 def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoint(ray_address, tmp_path, progress):
-    path = write_sweep(tmp_path, {"fl.lr": {"loguniform": [0.005, 0.3]}}, overrides=TWO_TIERS, num_samples=4,
+    path = write_sweep(tmp_path, {"fl.lr": {"loguniform": [0.005, 0.3]}}, overrides=[*TWO_TIERS, "logging.wandb=true"], num_samples=4,
                        metric="worst_submodel_accuracy", within_budget=True, scheduler={"name": "pbt", "perturbation_interval": 2})
     outcome = run_tune(str(path), out=str(tmp_path / "out"))
 
@@ -527,7 +527,7 @@ def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoin
     lines = progress
     for row in outcome.results:
         assert any(line.startswith(f"{row['trial_id']} fl.lr=") and "round 1/4  worst_submodel_accuracy" in line for line in lines)
-    first_end = next(i for i, line in enumerate(lines) if "ended after round" in line)
+    first_end = next(i for i, line in enumerate(lines) if "trials done)" in line)
     assert any("round 1/4" in line for line in lines[:first_end])
     # PBT's exploit: a trial went on from another trial's hfl checkpoint (of round 1 or 2: the latest
     # Tune held; its history up to there is that trial's) with a perturbed learning rate.
@@ -538,6 +538,58 @@ def test_pbt_ranks_by_worst_submodel_and_continues_from_another_trials_checkpoin
     assert cloned, history
     trial, _ = cloned[0]
     assert load_config(Path(outcome.results[0]["run_dir"]).parent / trial / "config.yaml").fl.lr == history[trial][-1][2]
+    # Why each trial went on or ended: PBT's exploits (source trial, round, values) in the progress and results.csv.
+    exploits = json.loads((tmp_path / "out" / "exploits.json").read_text())
+    assert trial in exploits
+    for trial_id, events in exploits.items():
+        for event in events:
+            assert any(line.startswith(f"{trial_id}: PBT exploit: continues from {event['source']}'s round {event['round']}: fl.lr ")
+                       for line in lines)
+    with open(tmp_path / "out" / "results.csv") as f:
+        csv_rows = {r["trial_id"]: r for r in csv.DictReader(f)}
+    assert all(csv_rows[t]["exploits"].startswith(f"from {exploits[t][0]['source']}'s round ") for t in exploits)
+    assert {r["reason"] for r in csv_rows.values()} == {"completed"}
+    assert sum("trials done)" in line for line in lines) == 4 and any("(4 / 4 trials done)" in line for line in lines)
+    assert_every_trial_is_one_complete_wandb_run(outcome, exploits)
+
+
+def assert_every_trial_is_one_complete_wandb_run(outcome, exploits: dict) -> None:
+    """The offline wandb files, read back: one run per trial, finished, each round logged once. Its
+    values are the trial's metrics.jsonl; a trial PBT exploited keeps the rounds it had logged before
+    (its own, in metrics.pbt-<n>.jsonl), the exploit marked at the round the trial went on from."""
+    from tests.test_wandb import history_rows, items, wandb_records
+
+    for row in outcome.results:
+        run = Path(row["run_dir"])
+        assert len(list(run.glob("wandb/offline-run-*"))) == 1, row["trial_id"]
+        records = wandb_records(run)  # holds the exit record: the run was finished
+        (info,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        assert info.run_group == "out" and items(info.config.update)["swept"] == {"fl.lr": pytest.approx(history_lr(run))}
+        history = history_rows(records)
+        assert sorted(history) == [1, 2, 3, 4]
+        current = {line["round"]: line for line in read_metrics(run)}
+        replaced = [{line["round"]: line for line in read_metrics_file(f)} for f in sorted(run.glob("metrics.pbt-*.jsonl"))]
+        marks = sorted(r for r, h in history.items() if h.get("pbt/exploit"))
+        assert len(marks) == len(exploits.get(row["trial_id"], [])) == len(replaced)
+        for r, h in history.items():
+            logged = (h["accuracy"], h["loss"], h["lr"], h["worst_submodel_accuracy"])
+            if r >= max(marks, default=0):
+                sources = [current[r]]
+            else:  # before the last exploit: the trial's own round, or one it inherited (marked)
+                sources = [current[r], *(lines[r] for lines in replaced if r in lines)]
+            assert logged in [(s["accuracy"], s["loss"], s["lr"], min(s["submodel_accuracy"].values())) for s in sources], (row["trial_id"], r)
+        summary = json.loads((run / "summary.json").read_text())
+        assert history[4]["worst_submodel_accuracy"] == summary["worst_submodel_accuracy"]
+
+
+def history_lr(run: Path) -> float:
+    """The learning rate a trial's wandb run was started with: its first round's."""
+    own = sorted(run.glob("metrics.pbt-*.jsonl"))
+    return (read_metrics_file(own[0]) if own else read_metrics(run))[0]["lr"]
+
+
+def read_metrics_file(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.slow
