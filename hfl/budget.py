@@ -17,13 +17,13 @@ from hfl.accounting.budgets import assign_budgets
 from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
 from hfl.accounting.flops import FlopCounterMode
 from hfl.config import ExperimentConfig, build_dataclass
-from hfl.experiment import ClientEnvironment, accountant_for, build_model_for
+from hfl.experiment import ClientEnvironment, accountant_for, build_model_for, train_settings
 from hfl.methods.base import Method
 from hfl.methods.fedtiny import Adjustment
 from hfl.methods.sparse import AdjustedSparseConfig, SparseStart
 from hfl.pruning.masks import prunable_keys
 from hfl.registry import METHODS
-from hfl.types import ClientTask, RoundContext, TrainSettings
+from hfl.types import ClientTask, RoundContext
 
 REPORT_WIDTHS = ("1/8", "1/6", "1/4", "1/3", "1/2", "1")
 SPARSITIES = (0.8, 0.9, 0.95)
@@ -48,7 +48,7 @@ def describe_task(task: ClientTask) -> str:
 
 def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, round_: int = 1) -> RoundContext:
     fl = config.fl
-    settings = TrainSettings(fl.lr, fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr, fl.precision)
+    settings = train_settings(fl, 1)
     return RoundContext(round_, client, config.seed, len(env.partitions[client]), settings, env.budgets[client])
 
 

@@ -3,8 +3,9 @@ through Lightning's hook names (configure_optimizers, training_step, on_train_ba
 
 Two drivers run it with the same batches and the same optimiser, so they give the same weights:
 `lightning` wraps it in a LightningModule that hands those hooks to it and fits that under a
-`lightning.Trainer`; `fast` calls the same hooks itself (the automatic-optimisation steps of
-Lightning, written out: zero_grad, training_step, backward, step) without importing Lightning.
+`lightning.Trainer` (`hfl.lightning_client`); `fast` calls the same hooks itself (the automatic-
+optimisation steps of Lightning, written out: zero_grad, training_step, backward, step, with the
+Trainer's precision, gradient clipping and accumulation) without importing Lightning.
 The fast driver exists because a Trainer costs tens of milliseconds to set up per fit, more than a
 whole client-round of small models; `ClientModule` is a plain `nn.Module`, and Lightning is
 imported only by the `lightning` driver, because the import costs a second or more and about
@@ -94,11 +95,20 @@ class Precision:
     def backward(self, loss: Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, settings: TrainSettings) -> None:
+        """The optimiser step: gradients unscaled (16-mixed), clipped (`fl.gradient_clip_val`) over
+        the optimiser's parameters as Lightning's precision plugin clips them, then stepped."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if settings.gradient_clip_val > 0:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if settings.gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, settings.gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, settings.gradient_clip_val)
         if self.scaler is None:
             optimizer.step()
             return
-        self.scaler.unscale_(optimizer)
         self.scaler.step(optimizer)
         self.scaler.update()
 
@@ -188,59 +198,56 @@ class ClientModule(nn.Module):
 
 
 def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
-    """Lightning's automatic optimisation, step for step, without a Trainer, under the task's
-    precision as Lightning's precision plugin runs it."""
+    """Lightning's automatic optimisation, step for step, without a Trainer: the task's precision,
+    gradient clipping and accumulation (a step every `accumulate_grad_batches` batches and at each
+    epoch's last, on losses divided by that count) as a Trainer runs them."""
     optimizer = module.configure_optimizers()
-    precision = Precision(module.task.ctx.train.precision, module.device_of_model())
+    settings = module.task.ctx.train
+    precision = Precision(settings.precision, module.device_of_model())
+    every, last = settings.accumulate_grad_batches, len(batches) - 1
     module.train()
     for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(batches):
-            optimizer.zero_grad(set_to_none=True)
             with precision.autocast():
                 loss = module.training_step(batch, i)
-            precision.backward(loss)
-            precision.step(optimizer)
+            precision.backward(loss / every if every > 1 else loss)
+            if (i + 1) % every == 0 or i == last:
+                precision.step(optimizer, settings)
+                optimizer.zero_grad(set_to_none=True)
             module.on_train_batch_end()
 
 
-def fit_lightning(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
-    """`module` under a `lightning.Trainer`. Lightning is imported here, not at the top, so that
-    processes on the fast driver never load it (see the module's docstring)."""
-    import lightning as L
-
-    class Adapter(L.LightningModule):
-        """The LightningModule a Trainer needs: it holds `module` (so moves and train/eval modes
-        reach it) and hands it the hooks `fit_fast` calls."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.client = module
-
-        def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-            return self.client.training_step(batch, batch_idx)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return self.client.configure_optimizers()
-
-        def on_train_batch_end(self, *args: object) -> None:
-            self.client.on_train_batch_end(*args)
-
-    device = module.device_of_model()
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        precision=module.task.ctx.train.precision,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(Adapter(), train_dataloaders=batches)
+Fit = Callable[[ClientModule, ClientBatches, int], None]
+"""A client driver: trains the module on its batches for so many epochs (`fit_fast`, or
+`hfl.lightning_client.fit_lightning`, which imports Lightning)."""
 
 
-DRIVERS = {"fast": fit_fast, "lightning": fit_lightning}
+def load_client(model: nn.Module, method: Method, task: ClientTask, global_state: StateDict) -> StateDict:
+    """Load the client's sub-model from the global state; returns what it received."""
+    received = method.client_state(global_state, task.spec)
+    model.load_state_dict(received, strict=True)
+    load_masks(model, task.spec.masks)
+    return received
+
+
+def client_extras(module: ClientModule, batches: ClientBatches) -> StateDict:
+    """The method's uploads beside the weights, once training is over."""
+    module.optimizer = None  # its state (momentum) must not stay alive beside the update's copies
+    return module.method.client_uploads(module, batches)
+
+
+def finish_client(module: ClientModule, received: StateDict, extras: StateDict, measured_peak: int | None, seconds: float) -> ClientUpdate:
+    """What the trained `module` sends back: its weights, masks and rows as it holds them, and `extras`."""
+    model, task, classes = module.model, module.task, module.classes
+    model.zero_grad(set_to_none=True)
+    trained = model.state_dict()
+    held = task.spec
+    if module.replaced_masks:
+        held = replace(held, masks={**held.masks, **module.replaced_masks})
+    if task.present_classes_only and classes is not None:
+        held = hold_rows(held, trained, model.classifier_keys(), classes.cpu())
+    return client_update(task, received, trained, module.mean_loss(), measured_peak, seconds, held, extras)
 
 
 def train_client(
@@ -249,16 +256,13 @@ def train_client(
     task: ClientTask,
     global_state: StateDict,
     batches: ClientBatches,
-    driver: str = "fast",
+    fit: Fit = fit_fast,
     classes: Tensor | None = None,
     peer: Callable[[], nn.Module] | None = None,
 ) -> ClientUpdate:
-    """Load the client's sub-model from the global state, train it, and return what it sends back."""
+    """Load the client's sub-model from the global state, train it with `fit`, and return what it sends back."""
     start = time.perf_counter()
-    spec = task.spec
-    received = method.client_state(global_state, spec)
-    model.load_state_dict(received, strict=True)
-    load_masks(model, spec.masks)
+    received = load_client(model, method, task, global_state)
     device = next(model.parameters()).device
     if device.type == "cuda":  # measure this client's training alone, beside the resident weights
         torch.cuda.synchronize(device)
@@ -271,21 +275,13 @@ def train_client(
         module = ClientModule(model, method, task, classes, peer)
         for stage, trainable in enumerate(task.stages):
             module.enter_stage(stage, trainable)
-            DRIVERS[driver](module, batches, task.ctx.train.local_epochs)
-        module.optimizer = None  # its state (momentum) must not stay alive beside the update's copies below
-        extras = method.client_uploads(module, batches)
+            fit(module, batches, task.ctx.train.local_epochs)
+        extras = client_extras(module, batches)
     measured_peak = None
     if device.type == "cuda":
         resident = sum(t.numel() * t.element_size() for t in state_tensors(model))
         measured_peak = torch.cuda.max_memory_allocated(device) - baseline + resident
-    model.zero_grad(set_to_none=True)
-    trained = model.state_dict()
-    held = task.spec
-    if module.replaced_masks:
-        held = replace(held, masks={**held.masks, **module.replaced_masks})
-    if task.present_classes_only and classes is not None:
-        held = hold_rows(held, trained, model.classifier_keys(), classes.cpu())
-    return client_update(task, received, trained, module.mean_loss(), measured_peak, time.perf_counter() - start, held, extras)
+    return finish_client(module, received, extras, measured_peak, time.perf_counter() - start)
 
 
 def client_update(
@@ -324,9 +320,11 @@ def trains_together(method: Method, task: ClientTask) -> bool:
     objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
     peers, no masks, nothing narrowed by the client's labels, nothing uploaded beside the weights)."""
     default = type(method).objective is Method.objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
-    # 16-mixed's gradient scaler skips a step when any gradient overflowed: stacked clients would skip together.
-    alone = task.spec.masks or task.peers or task.present_classes_only or task.ctx.train.precision == "16-mixed"
-    return default and not alone
+    # 16-mixed's gradient scaler skips a step when any gradient overflowed, and clipping by norm
+    # takes one norm over what the optimiser holds: stacked clients would skip and clip together.
+    train = task.ctx.train
+    per_client_step = train.precision == "16-mixed" or train.gradient_clip_val > 0 or train.accumulate_grad_batches > 1 or train.callbacks
+    return default and not (task.spec.masks or task.peers or task.present_classes_only or per_client_step)
 
 
 def train_clients_together(
@@ -372,7 +370,7 @@ def train_clients_together(
                 with precision.autocast():
                     losses = vectorised(params, buffers, x, y)
                 precision.backward(losses.sum())
-                precision.step(optimizer)
+                precision.step(optimizer, tasks[0].ctx.train)
                 loss_sum += losses.detach()
                 steps += 1
     mean_losses = (loss_sum / max(steps, 1)).tolist()

@@ -190,6 +190,18 @@ class FLConfig:
     (float16 autocast with a dynamic gradient scaler; CUDA only). Budgets, `hfl budget` and the
     sub-model each client gets follow it: the accountant measures training under it. Evaluation
     stays float32."""
+    gradient_clip_val: float = 0.0
+    """Clip each client step's gradients at this value (Lightning's gradient_clip_val; 0: no clipping)."""
+    gradient_clip_algorithm: str = "norm"
+    """norm (the total 2-norm of the client's trainable gradients, clip_grad_norm_) or value (each
+    entry, clip_grad_value_), as Lightning's gradient_clip_algorithm."""
+    accumulate_grad_batches: int = 1
+    """A client step every k batches, on the mean of their losses' gradients (and at each epoch's last
+    batch), as Lightning's accumulate_grad_batches."""
+    callbacks: tuple[str, ...] = ()
+    """Lightning callbacks run in every client's training, as importable classes built without
+    arguments (`package.module:Class`, e.g. from a plug-in); clients with callbacks train under
+    lightning.Trainer whatever `backend.trainer` says (the fast driver gives the same numbers)."""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
@@ -204,6 +216,12 @@ class FLConfig:
         check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "a number in (0, 1]")
         check_choice("eval_mode", self.eval_mode, ("standard", "blockwise"))
         check_choice("precision", self.precision, PRECISIONS)
+        check(self.gradient_clip_val >= 0, "gradient_clip_val", self.gradient_clip_val, "a number >= 0 (0: no clipping)")
+        check_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value"))
+        check(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", self.accumulate_grad_batches, "an integer >= 1")
+        for path in self.callbacks:
+            module, _, name = path.partition(":")
+            check(bool(module) and name.isidentifier(), "callbacks", path, "importable classes written package.module:Class")
         check(not self.eval_spill_dir or self.eval_mode == "blockwise", "eval_spill_dir", self.eval_spill_dir,
               "empty unless eval_mode is blockwise")
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,11 +22,12 @@ from hfl.accounting.budgets import assign_budgets
 from hfl.client import (
     SHUFFLE_STREAM,
     ClientBatches,
+    fit_fast,
     train_client,
     train_clients_together,
     trains_together,
 )
-from hfl.config import ExperimentConfig
+from hfl.config import ExperimentConfig, FLConfig
 from hfl.data import (
     BatchTransform,
     ImageDataset,
@@ -40,7 +43,10 @@ from hfl.models.family import ClassLabels, load_family_weights, resolve_source
 from hfl.registry import METHODS, import_plugins
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
-from hfl.types import ClientTask, ClientUpdate, StateDict
+from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
+
+if TYPE_CHECKING:
+    from hfl.lightning_client import LightningClient
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,12 @@ def natural_clients(config: ExperimentConfig, data: TokenDataset) -> TokenDatase
         return data
     chosen = np.random.default_rng(derive_seed(config.seed, PARTITION_STREAM)).choice(available, size=clients, replace=False)
     return data.select(np.sort(chosen).tolist())
+
+
+def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
+    """What a client-round of round `round_` trains with: the round's learning rate and every other `fl` training setting."""
+    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr,
+                         fl.precision, fl.gradient_clip_val, fl.gradient_clip_algorithm, fl.accumulate_grad_batches, fl.callbacks)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -219,6 +231,14 @@ class ClientEnvironment:
         if config.fl.precision == "16-mixed" and device.type != "cuda":  # Lightning would silently train bf16 instead
             raise ConfigError("fl.precision", config.fl.precision, "32-true or bf16-mixed where clients train on the CPU "
                               "(float16 autocast with a gradient scaler needs CUDA)")
+        for path in config.fl.callbacks:  # before any data is loaded: a typo fails in a second
+            module, _, name = path.partition(":")
+            try:
+                found = getattr(importlib.import_module(module), name, None)
+            except ImportError as error:
+                raise ConfigError("fl.callbacks", path, f"an importable class ({error})") from None
+            if not isinstance(found, type):
+                raise ConfigError("fl.callbacks", path, f"a class: {module} has no class {name}")
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
             configure_cudnn(config)
@@ -341,20 +361,35 @@ class ClientEnvironment:
         return updates
 
     def train(self, global_state: StateDict, task: ClientTask) -> ClientUpdate:
+        model, batches, classes, peer = self._client_parts(task)
+        fit = fit_fast
+        if self.config.backend.trainer == "lightning" or task.ctx.train.callbacks:  # a Trainer runs callbacks
+            from hfl.lightning_client import fit_lightning as fit  # only here: the import costs a second and 250 MiB
+        with cap_client_memory(self, task):
+            update = train_client(model, self.method, task, global_state, batches, fit, classes, peer)
+        update.metrics.update(self.cost_metrics(task))
+        return update
+
+    def lightning_client(self, global_state: StateDict, task: ClientTask) -> LightningClient:
+        """`task` as a client-round to fit with your own `lightning.Trainer`; its `update()` equals
+        `train`'s (docs/extending.md, "A client-round under your own Trainer")."""
+        from hfl.lightning_client import LightningClient
+
+        model, batches, classes, peer = self._client_parts(task)
+        return LightningClient(model, self.method, task, global_state, batches, classes, peer, self.cost_metrics(task))
+
+    def _client_parts(self, task: ClientTask) -> tuple[nn.Module, ClientBatches, Tensor, Callable[[], nn.Module]]:
+        """The model of the task's shape, the client's batches, the labels in its data, and a
+        builder of peer models."""
         ctx = task.ctx
-        batches = self.batches(task)
-        model = self.model(task.spec)
         if ctx.client_id not in self._classes:  # a partition never changes: once per client
             self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
-        classes = self._classes[ctx.client_id]
 
         def peer() -> nn.Module:
             return self.method.client_model(task.spec).to(self.device)
 
-        with cap_client_memory(self, task):
-            update = train_client(model, self.method, task, global_state, batches, self.config.backend.trainer, classes, peer)
-        update.metrics.update(self.cost_metrics(task))
-        return update
+        batches = self.batches(task)
+        return self.model(task.spec), batches, self._classes[ctx.client_id], peer
 
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
         """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from hfl.checkpoint import RunState, has_checkpoint, load_checkpoint, save_checkpoint
-from hfl.config import ExperimentConfig, FLConfig, dump_config
+from hfl.config import ExperimentConfig, dump_config
 from hfl.errors import ConfigError
 from hfl.evaluation import Evaluator
-from hfl.experiment import ClientEnvironment
+from hfl.experiment import ClientEnvironment, train_settings
 from hfl.loggers import MetricsWriter, RoundCallback, WandbLogger, read_metrics
 from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS
@@ -37,10 +37,6 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
     m = max(1, round(config.fl.fraction * k))
     rng = np.random.default_rng(derive_seed(config.seed, round_, COHORT_STREAM))
     return sorted(int(c) for c in rng.choice(k, size=m, replace=False))
-
-
-def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
-    return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr, fl.precision)
 
 
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:

@@ -31,6 +31,11 @@ class TrainSettings:
     this round's `lr`."""
     precision: str = "32-true"
     """`fl.precision`: float32, or the autocast (and gradient scaler) of mixed precision."""
+    gradient_clip_val: float = 0.0
+    gradient_clip_algorithm: str = "norm"
+    accumulate_grad_batches: int = 1
+    callbacks: tuple[str, ...] = ()
+    """`fl.callbacks`: Lightning callbacks' import paths (clients with any train under lightning.Trainer)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from hfl.backends.base import ClientEnvironment
 from hfl.client import Precision
 from hfl.errors import ConfigError
 from hfl.server import train_settings
-from hfl.types import RoundContext
+from hfl.types import RoundContext, TrainSettings
 from tests.conftest import small_config
 
 
@@ -53,7 +53,7 @@ def scaled_step(precision: Precision, model: nn.Module, x: torch.Tensor, scale_l
     with precision.autocast():
         loss = nn.functional.cross_entropy(model(x), torch.arange(len(x)) % 2) * scale_loss
     precision.backward(loss)
-    precision.step(optimizer)
+    precision.step(optimizer, TrainSettings(0.1, 0.0, 0.0, 1, len(x)))
 
 
 def test_the_gradient_scaler_unscales_before_the_step_and_skips_overflowing_steps():
