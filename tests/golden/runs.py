@@ -243,7 +243,9 @@ def record(platform: dict[str, str], found: dict[str, list[dict[str, Any]]]) -> 
             changes.append(f"{name}: floats changed; dropped the floats of {sorted(set(old['floats']) - {here}) or 'no other platform'}")
             floats = {here: new_floats}
         elif here not in old["floats"]:
-            changes.append(f"{name}: floats of {here} added")
+            beyond = [f"{other}: {d}" for other, floats in old["floats"].items()
+                      for d in float_differences(floats, new_floats, tolerance_for(name))]
+            changes.append(f"{name}: floats of {here} added" + (f", {len(beyond)} beyond the tolerance ({beyond[0]})" if beyond else ""))
             floats = {**old["floats"], here: new_floats}
         else:
             continue
