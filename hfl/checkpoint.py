@@ -29,6 +29,9 @@ class RunState:
     method_state: Any
     """The method's `State` (a frozen dataclass)."""
     elapsed_seconds: float
+    simulation: Any = None
+    """The simulated clock (hfl.simulation): the time of the next round's start, and under the
+    async policy the clients in flight; None without devices."""
 
 
 def save_checkpoint(out_dir: Path, state: RunState, config: dict[str, Any]) -> None:
@@ -38,6 +41,7 @@ def save_checkpoint(out_dir: Path, state: RunState, config: dict[str, Any]) -> N
         "global_state": {k: v.detach().cpu() for k, v in state.global_state.items()},
         "method_state": state.method_state,
         "elapsed_seconds": state.elapsed_seconds,
+        "simulation": state.simulation,
         "config": config,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
@@ -53,7 +57,7 @@ def load_checkpoint(out_dir: Path, device: torch.device) -> tuple[RunState, dict
     torch.set_rng_state(payload["rng"]["torch"])
     np.random.set_state(payload["rng"]["numpy"])
     random.setstate(payload["rng"]["python"])
-    state = RunState(payload["round"], payload["global_state"], payload["method_state"], payload["elapsed_seconds"])
+    state = RunState(payload["round"], payload["global_state"], payload["method_state"], payload["elapsed_seconds"], payload.get("simulation"))
     return state, payload["config"]
 
 

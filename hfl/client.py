@@ -79,6 +79,31 @@ def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.opt
     return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
 
 
+class _Calls(nn.Module):
+    """Calls `model`'s method `name` as its forward, so that `functional_call` can run it."""
+
+    def __init__(self, model: nn.Module, name: str) -> None:
+        super().__init__()
+        self.model, self.name = model, name
+
+    def forward(self, x: Tensor) -> object:
+        return getattr(self.model, self.name)(x)
+
+
+class FunctionalModel:
+    """One client's model inside `vmap`: `model`'s structure on that client's slice of the stacked
+    weights, called as an objective calls a model (itself, or `forward_exits`)."""
+
+    def __init__(self, model: nn.Module, exits: nn.Module, weights: StateDict) -> None:
+        self._model, self._exits, self._weights = model, exits, weights
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return functional_call(self._model, self._weights, (x,))
+
+    def forward_exits(self, x: Tensor) -> list[Tensor]:
+        return functional_call(self._exits, {f"model.{k}": v for k, v in self._weights.items()}, (x,))
+
+
 class Precision:
     """What Lightning's precision plugins do around a training step, for the drivers that do not run
     a Trainer: autocast around the forward pass (`fl.precision` bf16-mixed and 16-mixed) and, for
@@ -316,10 +341,12 @@ def client_update(
 
 
 def trains_together(method: Method, task: ClientTask) -> bool:
-    """Whether `task` can train vectorised beside others of its shape: its loss is the default
-    objective (cross-entropy on `client.model`) in one stage, with nothing else per client (no
-    peers, no masks, nothing narrowed by the client's labels, nothing uploaded beside the weights)."""
-    default = type(method).objective is Method.objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
+    """Whether `task` can train vectorised beside others of its shape: its objective is marked
+    `vectorisable` (FedAvg's cross-entropy, FedProx's proximal term, DepthFL's exits and their
+    distillation), in one stage, with nothing else per client (no peers, no masks, nothing narrowed
+    by the client's labels, nothing uploaded beside the weights)."""
+    objective = getattr(type(method).objective, "vectorisable", False)
+    default = objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
     # 16-mixed's gradient scaler skips a step when any gradient overflowed, and clipping by norm
     # takes one norm over what the optimiser holds: stacked clients would skip and clip together.
     train = task.ctx.train
@@ -344,16 +371,23 @@ def train_clients_together(
     its own weights are neither used nor changed."""
     start = time.perf_counter()
     device = next(model.parameters()).device
+    if device.type == "cuda":  # the clients' peak together, shared out below: they hold alike
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
     frozen = tasks[0].spec.frozen
     received = [method.client_state(global_state, task.spec) for task in tasks]
     parameter_names = {name for name, _ in model.named_parameters()}
     stacked = {k: torch.stack([r[k] for r in received]).to(device) for k in received[0]}
     params = {k: v.requires_grad_(k not in frozen) for k, v in stacked.items() if k in parameter_names}
     buffers = {k: v for k, v in stacked.items() if k not in parameter_names}
+    initial = {k: v.detach().clone() for k, v in params.items() if k not in frozen}
     optimizer = client_optimizer([p for k, p in params.items() if k not in frozen], tasks[0].ctx.train)
+    exits = _Calls(model, "forward_exits")
 
-    def loss(p: StateDict, b: StateDict, x: Tensor, y: Tensor) -> Tensor:
-        client = SimpleNamespace(model=lambda inputs: functional_call(model, (p, b), (inputs,)))
+    def loss(p: StateDict, b: StateDict, initial_weights: StateDict, x: Tensor, y: Tensor) -> Tensor:
+        client = SimpleNamespace(model=FunctionalModel(model, exits, {**p, **b}), initial=initial_weights, task=tasks[0],
+                                 trainable_parameters=lambda: [(n, w) for n, w in p.items() if n not in frozen])
         return method.objective(client, x, y)["loss"]
 
     vectorised = vmap(loss, randomness="different")
@@ -368,15 +402,18 @@ def train_clients_together(
                 x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
                 optimizer.zero_grad(set_to_none=True)
                 with precision.autocast():
-                    losses = vectorised(params, buffers, x, y)
+                    losses = vectorised(params, buffers, initial, x, y)
                 precision.backward(losses.sum())
                 precision.step(optimizer, tasks[0].ctx.train)
                 loss_sum += losses.detach()
                 steps += 1
     mean_losses = (loss_sum / max(steps, 1)).tolist()
     seconds = (time.perf_counter() - start) / len(tasks)
+    measured_peak = None
+    if device.type == "cuda":  # each client's share: they train the same shape on as many samples
+        measured_peak = (torch.cuda.max_memory_allocated(device) - baseline) // len(tasks)
     updates = []
     for i, task in enumerate(tasks):
         trained = {k: v[i].detach() for k, v in stacked.items()}
-        updates.append(client_update(task, received[i], trained, mean_losses[i], None, seconds))
+        updates.append(client_update(task, received[i], trained, mean_losses[i], measured_peak, seconds))
     return updates

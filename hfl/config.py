@@ -18,7 +18,7 @@ import yaml
 
 import hfl.backends
 import hfl.methods  # noqa: F401  (with hfl.data and hfl.models, these declare the names the config checks, importing no torch)
-from hfl.accounting.amounts import SCENARIOS, check_amount
+from hfl.accounting.amounts import SCENARIOS, absolute_amount, check_amount
 from hfl.data import NATURAL, NATURAL_CLIENTS
 from hfl.data.cache import default_cache_dir, default_data_root
 from hfl.errors import ConfigError, check, check_choice
@@ -28,7 +28,7 @@ from hfl.registry import BACKENDS, DATASETS, METHODS, MODELS, PARTITIONERS, impo
 from hfl.yaml_loader import apply_overrides, build_dataclass, coerce, read_yaml_mapping
 
 __all__ = [
-    "BackendConfig", "BudgetsConfig", "DataConfig", "ExperimentConfig", "FLConfig", "LoggingConfig", "ModelConfig",
+    "BackendConfig", "BudgetsConfig", "DataConfig", "DevicesConfig", "ExperimentConfig", "FLConfig", "LoggingConfig", "ModelConfig",
     "apply_overrides", "build_dataclass", "config_from_dict", "dump_config", "experiment_values", "flatten",
     "load_config", "read_yaml_mapping",
 ]
@@ -97,6 +97,8 @@ class DataConfig:
 TRANSFORMERS = ("gpt", "vit")
 """Name prefixes of the models a pretrained family (`hfl pretrain`) can start."""
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+ROUND_POLICIES = ("sync", "deadline", "overselect", "async")
+"""`fl.round_policy`'s choices (hfl.simulation)."""
 """`fl.precision`'s choices: Lightning's names of float32 and of bfloat16 and float16 autocast."""
 
 
@@ -203,7 +205,34 @@ class FLConfig:
     arguments (`package.module:Class`, e.g. from a plug-in); clients with callbacks train under
     lightning.Trainer whatever `backend.trainer` says (the fast driver gives the same numbers)."""
 
+    round_policy: str = "sync"
+    """Which updates a server step aggregates, in simulated time (docs/time.md; every policy but sync
+    needs `devices`): sync (every cohort member; the round lasts until the slowest finishes),
+    deadline (members finishing after `deadline_s` are stragglers: dropped, their work still spent),
+    overselect (`overselect` more members are sampled; the first to finish, as many as `fraction`
+    gives, are aggregated) or async (FedBuff: `async_concurrency` clients train at once, each from the
+    model current when it started; every `async_buffer` arrivals are one server step, each update
+    weighted by 1/sqrt(1 + staleness); `rounds` counts server steps)."""
+    deadline_s: float = 0.0
+    """deadline: simulated seconds a round may last."""
+    overselect: float = 0.3
+    """overselect: extra share of clients sampled (0.3: 30 % more than `fraction` gives, rounded up)."""
+    async_concurrency: int = 0
+    """async: clients training at once; 0: as many as `fraction` gives."""
+    async_buffer: int = 0
+    """async: arrivals per server step (FedBuff's K); 0: half of `async_concurrency`, at least 1."""
+    time_targets: tuple[float, ...] = ()
+    """Test accuracies whose first simulated time summary.json reports (`time_to_accuracy`), e.g. [0.6, 0.8]."""
+
     def __post_init__(self) -> None:
+        check_choice("round_policy", self.round_policy, ROUND_POLICIES)
+        check(self.deadline_s >= 0 and math.isfinite(self.deadline_s), "deadline_s", self.deadline_s, "a number of seconds >= 0")
+        check((self.deadline_s > 0) == (self.round_policy == "deadline"), "deadline_s", self.deadline_s,
+              "a number of seconds > 0 exactly when round_policy is deadline")
+        check(0 < self.overselect <= 10, "overselect", self.overselect, "a number in (0, 10]")
+        check(self.async_concurrency >= 0, "async_concurrency", self.async_concurrency, "an integer >= 0 (0: as many as fraction gives)")
+        check(self.async_buffer >= 0, "async_buffer", self.async_buffer, "an integer >= 0 (0: half of async_concurrency)")
+        check(all(0 < t <= 1 for t in self.time_targets), "time_targets", list(self.time_targets), "accuracies in (0, 1]")
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check(0 < self.fraction <= 1, "fraction", self.fraction, "a number in (0, 1]")
@@ -285,6 +314,53 @@ class BudgetsConfig:
 
 
 @dataclass(frozen=True)
+class DevicesConfig:
+    """Every client's device, for simulated time (docs/time.md): none, one per budget tier, or a trace file."""
+
+    source: str = "none"
+    """none (no simulated time), tiers (`speed`, `down`, `up`: one entry per budget tier, or one entry
+    for every client without budgets) or trace (`trace`)."""
+    speed: tuple[str, ...] = ()
+    """tiers: training speed in FLOP/s (e.g. 2e9), one per tier."""
+    down: tuple[str, ...] = ()
+    """tiers: download bandwidth in bytes per second (e.g. 1MB, 5e5), one per tier."""
+    up: tuple[str, ...] = ()
+    """tiers: upload bandwidth in bytes per second, one per tier."""
+    spread: float = 0.0
+    """Sigma of a log-normal factor (median 1) drawn per client with the seed, multiplying its speed
+    and, drawn apart, its bandwidths; 0: every client of a tier is alike."""
+    trace: str = ""
+    """trace: a JSON or CSV file in hfl's device format (docs/time.md), or `synthetic` for the
+    100-device trace shipped with hfl (hfl/simulation/synthetic_trace.json)."""
+    mapping: str = "auto"
+    """trace: by_id (a trace device's id is a client id; every client needs one), cycle (client c gets
+    the (c mod D)-th of the D devices in id order) or auto (cycle for `synthetic`, else by_id)."""
+
+    def __post_init__(self) -> None:
+        check_choice("source", self.source, ("none", "tiers", "trace"))
+        check_choice("mapping", self.mapping, ("auto", "by_id", "cycle"))
+        tiers = self.source == "tiers"
+        for name in ("speed", "down", "up"):
+            values = getattr(self, name)
+            check(bool(values) == tiers, name, list(values), "one amount per budget tier exactly when source is tiers")
+            for amount in values:
+                ok = not str(amount).startswith("width:")
+                try:
+                    check_amount(amount)
+                except ValueError:
+                    ok = False
+                check(ok and absolute_amount(amount) > 0, name, amount, "a positive amount per second such as 2e9 or 1MB")
+        check(len(self.down) == len(self.speed) == len(self.up), "down", list(self.down),
+              f"as many entries as speed ({len(self.speed)}), and so up")
+        check(self.spread >= 0 and math.isfinite(self.spread), "spread", self.spread, "a number >= 0")
+        check(bool(self.trace) == (self.source == "trace"), "trace", self.trace, "a file (or synthetic) exactly when source is trace")
+
+    @property
+    def enabled(self) -> bool:
+        return self.source != "none"
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     name: str = "local"
     """Where clients train: local (in-process, one after another) or ray (actors, on one machine or a cluster)."""
@@ -326,9 +402,9 @@ class BackendConfig:
     batch_clients: int = 1
     """local and ray: train up to this many clients of the same sub-model shape at once, as one
     vectorised model (torch.func.vmap); 1 trains one after the other. Faster for small models on a
-    GPU and on the CPU alike. Only for methods whose client loss is plain cross-entropy in one stage
-    (FedAvg, FedAvg x r); others run one by one. Equal to sequential training up to float rounding
-    (see docs/performance.md)."""
+    GPU and on the CPU alike. Only for methods whose objective is marked vectorisable (FedAvg,
+    FedAvg x r, FedProx, DepthFL), in one stage; others run one by one. Equal to sequential
+    training up to float rounding (see docs/performance.md)."""
     client_timeout_s: float = 0.0
     """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""
     actor_start_timeout_s: float = 300.0
@@ -409,6 +485,7 @@ class ExperimentConfig:
     """The method's own config dataclass, chosen by `method.name`."""
     fl: FLConfig = field(default_factory=FLConfig)
     budgets: BudgetsConfig = field(default_factory=BudgetsConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -418,13 +495,29 @@ class ExperimentConfig:
             object.__setattr__(self, "method", METHODS.get("fedavg").Config())
         if self.budgets.scenario == "per_client" and len(self.budgets.memory) != self.fl.clients:
             raise ConfigError("budgets.memory", list(self.budgets.memory), f"one amount per client ({self.fl.clients})")
+        if self.fl.round_policy != "sync" and not self.devices.enabled:
+            raise ConfigError("fl.round_policy", self.fl.round_policy, "sync unless devices are set (devices.source=tiers or trace)")
+        if self.devices.source == "tiers":
+            tiers = budget_tier_count(self.budgets)
+            check(len(self.devices.speed) == tiers, "devices.speed", list(self.devices.speed),
+                  f"{tiers} entries, one per budget tier" + ("" if self.budgets.enabled else " (one for every client: no budgets are set)"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def budget_tier_count(budgets: BudgetsConfig) -> int:
+    """How many tiers a budgets config makes (per_client: one per distinct entry; none: one)."""
+    if budgets.scenario in SCENARIOS:
+        return len(SCENARIOS[budgets.scenario])
+    count = len(budgets.memory)
+    if budgets.scenario == "per_client":
+        return len(set(zip(budgets.memory, budgets.flops or [None] * count, budgets.upload or [None] * count)))
+    return max(count, 1)
+
+
 # -- loading -----------------------------------------------------------------------------------
-SECTIONS = ("data", "model", "method", "fl", "budgets", "backend", "logging")
+SECTIONS = ("data", "model", "method", "fl", "budgets", "devices", "backend", "logging")
 
 
 def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:

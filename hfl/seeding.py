@@ -33,3 +33,5 @@ PRETRAIN_DATA_STREAM = 2**31 - 11
 """`hfl pretrain`: each step's text windows, or each epoch's order of the images."""
 PRETRAIN_AUGMENT_STREAM = 2**31 - 12
 """`hfl pretrain`: each step's image augmentation."""
+DEVICE_STREAM = 2**31 - 13
+"""The spread of simulated devices within a tier (hfl.simulation)."""

@@ -24,8 +24,11 @@ from hfl.methods.base import record_trained
 from hfl.registry import BACKENDS
 from hfl.scores import over_budget
 from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
+from hfl.simulation.devices import Device, assign_devices
+from hfl.simulation.fedbuff import FedBuffRounds, refuse_stale_server_steps
+from hfl.simulation.policy import SyncRounds
 from hfl.storage import check_job_location, staged
-from hfl.types import RoundContext, TrainSettings
+from hfl.types import ClientTask, RoundContext, TrainSettings
 
 log = logging.getLogger(__name__)
 SUMMARY = "summary.json"
@@ -115,7 +118,17 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
         "skipped_client_rounds": sum(len(r.get("skipped_clients", [])) for r in records),
         **resource_summary([c for r in records for c in r["clients"]]),
+        **time_summary(records, config.fl.time_targets),
     }
+
+
+def time_summary(records: list[dict[str, Any]], targets: Sequence[float]) -> dict[str, Any]:
+    """Simulated time of a run with devices: its total, and when the test accuracy first reached each target (None: never)."""
+    if not records or "sim_end_s" not in records[-1]:
+        return {}
+    scored = [(r["sim_end_s"], r["accuracy"]) for r in records if r.get("accuracy") is not None]
+    return {"simulated_seconds": records[-1]["sim_end_s"],
+            "time_to_accuracy": {str(t): next((when for when, acc in scored if acc >= t), None) for t in targets}}
 
 
 def writable_folder(path: str | Path, field: str) -> Path:
@@ -161,6 +174,21 @@ def refuse_budgets_nobody_fits(config: ExperimentConfig, env: ClientEnvironment,
                       f"{config.method.name}: none of the {config.fl.clients} clients' does (`hfl budget` shows what each costs)")
 
 
+def refuse_deadline_nobody_meets(config: ExperimentConfig, env: ClientEnvironment, state: RunState, devices: Sequence[Device]) -> None:
+    """A ConfigError naming `fl.deadline_s` when no client's round-1 task would finish within it on its device."""
+    from hfl.simulation.estimate import expected_time
+
+    settings = train_settings(config.fl, 1)
+    fastest = math.inf
+    for c in range(config.fl.clients):
+        task = env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state.method_state)
+        if task is not None:
+            fastest = min(fastest, expected_time(env.method, task, state.global_state, devices[c]).finish)
+    if fastest > config.fl.deadline_s:
+        raise ConfigError("fl.deadline_s", config.fl.deadline_s, f"a deadline some client can meet: the fastest client's "
+                          f"round 1 takes {fastest:.4g} simulated seconds on its device")
+
+
 def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[RoundCallback], push: Callable[[], None]) -> dict[str, Any]:
     if config.fl.eval_spill_dir:
         writable_folder(config.fl.eval_spill_dir, "fl.eval_spill_dir")
@@ -175,6 +203,13 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     else:
         state = initial_state(config, env)  # may refuse the config: before any backend starts
         refuse_budgets_nobody_fits(config, env, state)
+    devices = assign_devices(config)
+    if devices and fl.round_policy == "async":
+        refuse_stale_server_steps(config, method)
+    fedbuff = FedBuffRounds(config, devices, state.simulation) if devices and fl.round_policy == "async" else None
+    clock = SyncRounds(config, devices, state.simulation) if devices and not fedbuff else None
+    if devices and fl.round_policy == "deadline" and state.round == 0:
+        refuse_deadline_nobody_meets(config, env, state, devices)
     backend = BACKENDS.get(config.backend.name, field="backend.name")(env)
     dump_config(config, out / "config.yaml")  # also on resume: a run may be extended (fl.rounds)
     metrics = MetricsWriter(out, keep_rounds_upto=state.round if resume else None)
@@ -185,11 +220,11 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     evaluate = Evaluator(env)
     budgets = env.budgets
 
-    def start(r: int) -> tuple[Any, TrainSettings, list[dict[str, Any]]]:
+    def start(r: int) -> tuple[Any, TrainSettings, list[dict[str, Any]], float | None]:
         """Steps 1 and 2 of round `r`, and its training started: (what `backend.collect` takes, the
-        round's settings, the clients no sub-model fits)."""
-        # 1. cohort
-        cohort = sample_cohort(config, r)
+        round's settings, the clients no sub-model fits, its simulated start; None without devices)."""
+        # 1. cohort (with devices: of the clients online when the round starts in simulated time)
+        cohort, sim_start = clock.cohort(r) if clock else (sample_cohort(config, r), None)
         # 2. plan: which sub-model and objective settings each client gets
         settings = train_settings(fl, r)
         planned = {
@@ -200,24 +235,38 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
         skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
         if not tasks:
             log.warning("round %d: no sampled client's budget fits any sub-model of %s; the round trains nothing", r, config.method.name)
-        return backend.submit(state.global_state, tasks), settings, skipped
+        return backend.submit(state.global_state, tasks), settings, skipped, sim_start
+
+    def plan_async(client: int) -> ClientTask | None:
+        """The task of a client starting now under the async policy, toward the next server step."""
+        r = fedbuff.version + 1
+        ctx = RoundContext(r, client, config.seed, len(env.partitions[client]), train_settings(fl, r), budgets[client])
+        return method.plan(ctx, state.method_state)
+
+    def train_now(global_state: Any, tasks: Sequence[ClientTask]) -> tuple[list[Any], list[dict[str, Any]]]:
+        return backend.collect(backend.submit(global_state, tasks))
 
     pending, diverged_before = None, False
     try:
         for r in range(state.round + 1, fl.rounds + 1):
             started = time.perf_counter()
             # 1-2. cohort and plan (done in the last round, where that round started this one's training)
-            submitted, settings, skipped = pending or start(r)
-            # 3. local training
-            updates, failed = backend.collect(submitted)
-            diverged_before = diverged_before or warn_if_diverged(r, updates, settings.lr)
+            if fedbuff:  # 1-3. async: clients start as others arrive, until a buffer's worth has arrived
+                settings = train_settings(fl, r)
+                kept, updates, timing, skipped, failed = fedbuff.step(state.global_state, plan_async, train_now)
+            else:
+                submitted, settings, skipped, sim_start = pending or start(r)
+                # 3. local training; with devices, the round's policy keeps the updates that arrive in time
+                updates, failed = backend.collect(submitted)
+                kept, timing = clock.settle(sim_start, updates) if clock else (updates, {})
+            diverged_before = diverged_before or warn_if_diverged(r, kept, settings.lr)
             # 4. aggregation
-            state.global_state, state.method_state = method.aggregate(state.global_state, updates, state.method_state)
-            state.method_state = record_trained(state.method_state, updates)
+            state.global_state, state.method_state = method.aggregate(state.global_state, kept, state.method_state)
+            state.method_state = record_trained(state.method_state, kept)
             # The next round's clients start training now, while this round is evaluated, logged and
             # checkpointed: on Ray they train elsewhere; the local backend trains them when collected.
             last = r == fl.rounds
-            pending = None if last else start(r + 1)
+            pending = None if last or fedbuff else start(r + 1)
             # 5. evaluation of the global model
             scores: dict[str, Any] = {"accuracy": None, "loss": None}
             if r % fl.eval_every == 0 or last:
@@ -230,8 +279,10 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             # 6. log and checkpoint
             seconds = time.perf_counter() - started
             state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
+            state.simulation = (fedbuff or clock).saved() if devices else None
+            # With devices, `clients` holds dropped client-rounds too (marked `dropped`): their work was spent.
             record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed,
-                      **({"skipped_clients": skipped} if skipped else {})}
+                      **({"skipped_clients": skipped} if skipped else {}), **timing}
             # The round's line, then the checkpoint (a resumed run keeps lines up to its round),
             # then callbacks, which may hand that checkpoint on (Ray Tune does).
             metrics.on_round(record)

@@ -105,6 +105,16 @@ class Resources:
     (`model.pretrained=FAMILY:l` names the family; CAFF picks l); None when the run starts from no family."""
 
 
+def vectorisable(objective: Callable[..., dict[str, Tensor]]) -> Callable[..., dict[str, Tensor]]:
+    """Mark a method's `objective` as one that reads of its client only what clients trained
+    together as one vectorised model offer (`hfl.client.train_clients_together`): calling
+    `client.model` and its `forward_exits`, `client.initial`, `client.trainable_parameters()` and
+    the task (whose round and settings the clients share). Such clients train beside others of
+    their sub-model's shape under `backend.batch_clients`."""
+    objective.vectorisable = True  # type: ignore[attr-defined]
+    return objective
+
+
 class Client(Protocol):
     """What an objective sees of the client training (`hfl.client.ClientModule`)."""
 
@@ -175,9 +185,11 @@ class Method:
         client sits the round out, recorded as skipped)."""
         return self.ladder.task(ctx) if self.ladder else ClientTask(ctx, full_spec())
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """The client loss for one batch: a dict with `loss` plus any terms worth logging. It may set
-        the learning rate of this step through `client.optimizer` (FedMef's budgeted rate)."""
+        the learning rate of this step through `client.optimizer` (FedMef's budgeted rate); one that
+        reads no more than `vectorisable` names says so with that decorator."""
         return {"loss": F.cross_entropy(client.model(x), y)}
 
     def client_uploads(self, client: Client, batches: Iterable[tuple[Tensor, Tensor]]) -> StateDict:

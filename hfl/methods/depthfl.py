@@ -32,7 +32,7 @@ from torch import Tensor
 
 from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_distillation
-from hfl.methods.base import Client, LadderConfig, Method, Resources
+from hfl.methods.base import Client, LadderConfig, Method, Resources, vectorisable
 from hfl.models.base import ScalableModel
 from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS
@@ -125,6 +125,7 @@ class DepthFL(Method):
         progress = min(max(round_ - 1, 0), ramp) / ramp
         return math.exp(-5.0 * (1.0 - progress) ** 2)
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         outputs = client.model.forward_exits(x)
         ce = torch.stack([F.cross_entropy(logits, y) for logits in outputs]).sum()

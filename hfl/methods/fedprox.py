@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from hfl.errors import check
-from hfl.methods.base import Client, Method, MethodConfig
+from hfl.methods.base import Client, Method, MethodConfig, vectorisable
 from hfl.registry import METHODS
 
 
@@ -28,6 +28,7 @@ class FedProxConfig(MethodConfig):
 class FedProx(Method):
     Config = FedProxConfig
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         terms = super().objective(client, x, y)
         proximal = sum(((p - client.initial[n]) ** 2).sum() for n, p in client.trainable_parameters())

@@ -1,0 +1,100 @@
+"""The virtual clock: a client-round's simulated duration from what accounting counts, and which
+clients a round's policy keeps (sync, deadline, overselect).
+
+duration = bytes_down / down + training FLOPs / speed + bytes_up / up, from the client-round's
+metrics (never the host's clock), so every backend gives the same timeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hfl.simulation.devices import Device
+
+
+@dataclass(frozen=True)
+class ClientTime:
+    """One client-round in simulated seconds."""
+
+    client: int
+    start: float
+    down_s: float
+    compute_s: float
+    up_s: float
+
+    @property
+    def finish(self) -> float:
+        return self.start + self.down_s + self.compute_s + self.up_s
+
+
+def client_time(device: Device, metrics: Mapping[str, Any], start: float, local_epochs: int) -> ClientTime:
+    """The simulated times of a client-round whose metrics (bytes_down, flops, bytes_up, num_samples) are given."""
+    if device.speed is not None:
+        compute = metrics["flops"] / device.speed
+    else:
+        compute = device.seconds_per_sample * metrics["num_samples"] * local_epochs
+    return ClientTime(int(metrics["id"]), start, metrics["bytes_down"] / device.down, compute, metrics["bytes_up"] / device.up)
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """A synchronous round in simulated time: who was kept, who was dropped, when and why."""
+
+    start: float
+    end: float
+    times: dict[int, ClientTime]
+    kept: tuple[int, ...]
+    """Clients whose updates are aggregated, in the order they finished."""
+    dropped: dict[int, tuple[str, float]]
+    """Client -> (why, when): deadline (a straggler), offline (its device left mid-round) or late
+    (overselect: the round had its first K)."""
+
+
+def time_round(policy: str, start: float, times: Sequence[ClientTime], devices: Sequence[Device],
+               deadline_s: float = 0.0, keep: int | None = None) -> RoundTiming:
+    """Which of a round's client-rounds (all started at `start`) the policy aggregates, and when the round ends.
+
+    sync waits for every client; deadline drops those finishing after start + deadline_s (the round
+    then lasts the whole deadline); overselect keeps the first `keep` to finish (ties: lower id) and
+    ends when the last of them does. A device going offline before its client finishes drops it then.
+    """
+    leaves = {t.client: devices[t.client].online_until(start) for t in times}
+    finishing = sorted((t for t in times if t.finish <= leaves[t.client]), key=lambda t: (t.finish, t.client))
+    offline = {t.client: leaves[t.client] for t in times if t.finish > leaves[t.client]}
+    cut, reason = math.inf, "late"
+    if policy == "deadline":
+        cut, reason = start + deadline_s, "deadline"
+    elif policy == "overselect" and keep is not None and len(finishing) >= keep:
+        cut = finishing[keep - 1].finish if keep else start
+        finishing = finishing[:keep]  # ties at the cut beyond the K-th are late too
+    kept = [t for t in finishing if t.finish <= cut]
+    dropped = {t.client: (reason, cut) for t in times if t.client not in offline and t not in kept}
+    for client, at in offline.items():
+        dropped[client] = ("offline", at) if at <= cut else (reason, cut)
+    events = [t.finish for t in kept] + [at for _, at in dropped.values()]
+    end = max(events, default=start)
+    return RoundTiming(start, end, {t.client: t for t in times}, tuple(t.client for t in kept), dropped)
+
+
+def available(devices: Sequence[Device], t: float) -> list[int]:
+    """Clients whose device is online at `t`."""
+    return [c for c, d in enumerate(devices) if d.online_until(t) is not None]
+
+
+def next_online(devices: Sequence[Device], t: float) -> float | None:
+    """The earliest time >= t some device is online; None if none ever is again."""
+    times = [x for x in (d.next_online(t) for d in devices) if x is not None]
+    return min(times, default=None)
+
+
+def sample_available(rng: np.random.Generator, clients: int, online: Sequence[int], size: int) -> list[int]:
+    """`size` clients (or all online ones, if fewer) drawn from those online. With every client online
+    the draw equals the cohort sampler's, so devices that are always online change no cohort."""
+    if len(online) == clients:
+        return sorted(int(c) for c in rng.choice(clients, size=min(size, clients), replace=False))
+    return sorted(int(c) for c in rng.choice(np.asarray(online, dtype=np.int64), size=min(size, len(online)), replace=False))

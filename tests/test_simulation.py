@@ -1,0 +1,186 @@
+"""Simulated time: devices, the virtual clock, the sync / deadline / overselect policies, availability
+and the errors of bad device input (hfl.simulation, docs/time.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import small_config
+from hfl.cli import main
+from hfl.errors import ConfigError
+from hfl.simulation.clock import available, client_time, sample_available, time_round
+from hfl.simulation.devices import SYNTHETIC_TRACE, Device, assign_devices, read_trace, synthetic_trace
+
+ALWAYS = (Device(1e9, 1e6, 5e5), Device(4e9, 4e6, 1e6), Device(None, 2e6, 2e6, seconds_per_sample=0.01))
+"""Three devices: 1 GFLOP/s with 1 MB/s down and 0.5 MB/s up; 4 GFLOP/s, 4 MB/s, 1 MB/s; one
+timed per sample (10 ms) with 2 MB/s both ways."""
+COUNTS = ({"id": 0, "flops": 2e9, "bytes_down": 1e6, "bytes_up": 1e6, "num_samples": 50},
+          {"id": 1, "flops": 2e9, "bytes_down": 2e6, "bytes_up": 1e6, "num_samples": 50},
+          {"id": 2, "flops": 9e9, "bytes_down": 1e6, "bytes_up": 1e6, "num_samples": 100})
+"""The three client-rounds' counts; client 2 trains 100 samples for 2 local epochs."""
+
+
+def three_times(start=10.0, devices=ALWAYS):
+    return [client_time(devices[m["id"]], m, start, local_epochs=2) for m in COUNTS]
+
+
+def test_a_hand_computed_round_gives_each_client_its_seconds_and_each_policy_its_clients():
+    # Prepare: by hand, client 0: 1e6/1e6 + 2e9/1e9 + 1e6/5e5 = 1 + 2 + 2 = 5 s (finishes at 15);
+    # client 1: 2e6/4e6 + 2e9/4e9 + 1e6/1e6 = 0.5 + 0.5 + 1 = 2 s (12); client 2, per sample:
+    # 1e6/2e6 + 0.01 * 100 * 2 + 1e6/2e6 = 0.5 + 2 + 0.5 = 3 s (13; its FLOPs play no part).
+    times = three_times()
+    # Assert: the printed times
+    assert [(t.down_s, t.compute_s, t.up_s, t.finish) for t in times] == [(1, 2, 2, 15), (0.5, 0.5, 1, 12), (0.5, 2, 0.5, 13)]
+    sync = time_round("sync", 10.0, times, ALWAYS)
+    assert (sync.kept, sync.dropped, sync.end) == ((1, 2, 0), {}, 15)
+    # deadline 4 s: client 0 (15 > 14) is the straggler, dropped at the deadline, which ends the round
+    deadline = time_round("deadline", 10.0, times, ALWAYS, deadline_s=4.0)
+    assert (deadline.kept, deadline.dropped, deadline.end) == ((1, 2), {0: ("deadline", 14.0)}, 14.0)
+    # a deadline everybody meets ends the round with its last client
+    assert time_round("deadline", 10.0, times, ALWAYS, deadline_s=6.0).end == 15
+    # overselect, first 2 of 3: clients 1 and 2; the round ends when the second finishes (13)
+    first = time_round("overselect", 10.0, times, ALWAYS, keep=2)
+    assert (first.kept, first.dropped, first.end) == ((1, 2), {0: ("late", 13.0)}, 13.0)
+    assert time_round("overselect", 10.0, times, ALWAYS, keep=1).kept == (1,)
+
+
+def test_a_device_leaving_mid_round_drops_its_client_at_that_moment():
+    # client 2's device is online until 12.5, but its round would end at 13
+    leaving = (*ALWAYS[:2], Device(None, 2e6, 2e6, seconds_per_sample=0.01, online=((0.0, 12.5),)))
+    timing = time_round("sync", 10.0, three_times(devices=leaving), leaving)
+    assert (timing.kept, timing.dropped, timing.end) == ((1, 0), {2: ("offline", 12.5)}, 15)
+    # under a deadline of 2 s (12) it would have been a straggler before it left: dropped at the deadline
+    assert time_round("deadline", 10.0, three_times(devices=leaving), leaving, deadline_s=2.0).dropped == {0: ("deadline", 12.0), 2: ("deadline", 12.0)}
+
+
+def test_an_offline_device_is_never_selected():
+    devices = [Device(1e9, 1e6, 1e6, online=((0, 5), (20, 30))) if c % 2 else Device(1e9, 1e6, 1e6) for c in range(10)]
+    assert available(devices, 10.0) == [0, 2, 4, 6, 8]
+    assert available(devices, 25.0) == list(range(10))
+    for seed in range(50):
+        assert set(sample_available(np.random.default_rng(seed), 10, available(devices, 10.0), 4)) <= {0, 2, 4, 6, 8}
+    # every client online: the draw is the cohort sampler's own, so devices change no cohort
+    assert sample_available(np.random.default_rng(3), 10, list(range(10)), 4) == sorted(np.random.default_rng(3).choice(10, 4, replace=False).tolist())
+
+
+def test_online_intervals_repeat_with_the_period_and_run_on_across_its_boundary():
+    device = Device(1e9, 1e6, 1e6, online=((0, 10), (50, 100)), period=100)
+    assert device.online_until(5) == 10
+    assert device.online_until(20) is None
+    assert device.online_until(160) == 210  # 50-100 runs on into the next period's 0-10
+    assert device.next_online(20) == 50
+    assert device.next_online(120) == 150
+    assert Device(1e9, 1e6, 1e6, online=((0, 10),)).next_online(11) is None
+    assert Device(1e9, 1e6, 1e6).online_until(1e12) == math.inf
+
+
+def test_the_shipped_synthetic_trace_is_its_stated_recipe():
+    assert json.loads(SYNTHETIC_TRACE.read_text()) == synthetic_trace()
+    devices = read_trace(SYNTHETIC_TRACE)
+    assert len(devices) == 100
+    online = [len(available(list(devices.values()), t)) for t in range(0, 86400, 3600)]
+    assert 50 <= np.mean(online) <= 85  # about two thirds online at any time, as its recipe says
+
+
+def test_tier_devices_follow_budget_tiers_and_the_spread_is_seeded():
+    tiers = {"scenario": "tiers", "memory": ["64MB", "1GB"], "names": ["small", "large"]}
+    devices = {"source": "tiers", "speed": ["1e9", "4e9"], "down": ["1MB", "4MB"], "up": ["5e5", "1MB"]}
+    config = small_config(budgets=tiers, devices=devices)
+    from hfl.simulation.devices import client_tiers
+
+    plain = assign_devices(config)
+    assert [d.speed for d in plain] == [[1e9, 4e9][t] for t in client_tiers(config)]
+    spread = assign_devices(small_config(budgets=tiers, devices={**devices, "spread": 0.5}))
+    assert spread == assign_devices(small_config(budgets=tiers, devices={**devices, "spread": 0.5}))  # seeded
+    assert len({d.speed for d in spread}) == len(spread)
+    ratios = [s.down / p.down for s, p in zip(spread, plain)]
+    assert ratios == pytest.approx([s.up / p.up for s, p in zip(spread, plain)])  # one factor for both bandwidths
+
+
+def drop_wall(records):
+    """Records without the host's timings (wall_seconds, each client's seconds)."""
+    return [{k: v for k, v in r.items() if k != "wall_seconds"} | {"clients": [{k: v for k, v in c.items() if k != "seconds"} for c in r["clients"]]}
+            for r in records]
+
+
+def drop_time(records):
+    """Records without any timing, simulated or measured."""
+    return [{k: v for k, v in r.items() if not k.startswith("sim_") and k not in ("stragglers", "dropped_clients")}
+            | {"clients": [{k: v for k, v in c.items() if not k.startswith("sim_")} for c in r["clients"]]} for r in drop_wall(records)]
+
+
+def write_trace(path, devices, period=None):
+    path.write_text(json.dumps({"devices": devices, **({"period": period} if period else {})}))
+    return str(path)
+
+
+def run_cli(tmp_path, capsys, *overrides):
+    code = main(["run", "experiments/quickstart.yaml", "fl.rounds=1", "fl.clients=3", "backend.device=cpu", *overrides,
+                 "--out", str(tmp_path / "run")])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_bad_device_input_exits_2_with_one_line_naming_field_value_and_allowed(tmp_path, capsys):
+    good = [{"id": c, "speed": 1e9, "down": 1e6, "up": 1e6} for c in range(3)]
+    trace = ["devices.source=trace", f"devices.trace={write_trace(tmp_path / 'unknown.json', [*good, {**good[0], 'id': 7}])}"]
+    code, lines = run_cli(tmp_path, capsys, *trace)
+    assert code == 2 and "devices.trace=" in lines[-1] and "[7]" in lines[-1] and "client ids 0..2" in lines[-1]
+    negative = write_trace(tmp_path / "negative.json", [*good[:2], {**good[2], "speed": -5e8}])
+    code, lines = run_cli(tmp_path, capsys, "devices.source=trace", f"devices.trace={negative}")
+    assert code == 2 and "devices.trace speed=-500000000.0" in lines[-1] and "a positive number" in lines[-1] and "device id 2" in lines[-1]
+    code, lines = run_cli(tmp_path, capsys, "devices.source=tiers", "devices.speed=[-1e9]", "devices.down=[1MB]", "devices.up=[1MB]")
+    assert code == 2 and lines[-1].startswith("hfl: error: devices.speed='-1e9'") and "a positive amount" in lines[-1]
+    # digits' CNN on a 1 GFLOP/s device with 1 MB/s: the fastest client takes about half a second
+    code, lines = run_cli(tmp_path, capsys, "devices.source=tiers", "devices.speed=[1e9]", "devices.down=[1MB]", "devices.up=[1MB]",
+                          "fl.round_policy=deadline", "fl.deadline_s=0.01")
+    assert code == 2 and "fl.deadline_s=0.01" in lines[-1] and "a deadline some client can meet" in lines[-1]
+    code, lines = run_cli(tmp_path, capsys, "fl.round_policy=deadline", "fl.deadline_s=1")
+    assert code == 2 and "fl.round_policy='deadline'" in lines[-1] and "unless devices are set" in lines[-1]
+    assert not (tmp_path / "run").exists()
+
+
+def test_devices_under_sync_change_no_recorded_number_and_time_every_round(tmp_path):
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    plain = run_experiment(small_config(), tmp_path / "plain")
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 0.5}
+    timed = run_experiment(small_config(devices=devices, fl={"time_targets": [0.3, 0.99]}), tmp_path / "timed")
+    without, with_ = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "timed")
+    assert drop_time(without) == drop_time(with_)
+    assert not any(k.startswith("sim_") for r in without for k in r) and "simulated_seconds" not in plain
+    # each round starts when the last ended, and lasts until its slowest client's upload arrives
+    for before, record in zip([{"sim_end_s": 0.0}, *with_], with_):
+        assert record["sim_start_s"] == before["sim_end_s"]
+        assert record["sim_end_s"] == max(c["sim_finish_s"] for c in record["clients"])
+        for c in record["clients"]:
+            assert c["sim_compute_s"] > 0 and c["sim_comm_s"] == c["sim_down_s"] + c["sim_up_s"]
+    assert timed["simulated_seconds"] == with_[-1]["sim_end_s"]
+    reached = [r["sim_end_s"] for r in with_ if r["accuracy"] >= 0.3]
+    assert timed["time_to_accuracy"] == {"0.3": reached[0] if reached else None, "0.99": None}
+
+
+def test_a_deadline_aggregates_only_the_clients_in_time_and_counts_the_stragglers_work(tmp_path, monkeypatch):
+    from hfl.loggers import read_metrics
+    from hfl.methods.base import Method
+    from hfl.server import run_experiment
+
+    aggregated = []
+    aggregate = Method.aggregate
+    monkeypatch.setattr(Method, "aggregate", lambda self, g, updates, s: aggregated.append(sorted(u.client_id for u in updates)) or aggregate(self, g, updates, s))
+
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 1.0}
+    config = small_config(devices=devices, fl={"round_policy": "deadline", "deadline_s": 0.5, "rounds": 2, "clients": 10})
+    summary = run_experiment(config, tmp_path / "run")
+    records = read_metrics(tmp_path / "run")
+    stragglers = [c for r in records for c in r["clients"] if c.get("dropped")]
+    assert stragglers and all(c["dropped"] == "deadline" and c["sim_finish_s"] > c["dropped_at_s"] for c in stragglers)
+    for r in records:
+        assert r["stragglers"] == sorted(c["id"] for c in r["clients"] if c.get("dropped"))
+        assert r["sim_end_s"] == r["sim_start_s"] + 0.5  # a straggler holds the round to its deadline
+    assert aggregated == [sorted(c["id"] for c in r["clients"] if not c.get("dropped")) for r in records]
+    assert summary["total_flops"] == sum(c["flops"] for r in records for c in r["clients"])  # stragglers' work is spent
