@@ -29,6 +29,6 @@ def test_units_group_clients_of_one_shape_and_size_and_spread_over_the_actors():
 
 
 def test_a_task_that_cannot_train_beside_others_is_a_unit_of_its_own():
-    # FedProx's objective is not plain cross-entropy: its clients train one by one.
-    env, tasks = round_tasks(small_config(method={"name": "fedprox"}, fl={"clients": 6, "fraction": 1.0}))
+    # FjORD's objective draws a width per step (not marked vectorisable): its clients train one by one.
+    env, tasks = round_tasks(small_config(method={"name": "fjord"}, model={"name": "preresnet20"}, fl={"clients": 6, "fraction": 1.0}))
     assert env.work_units(tasks, batch_clients=4, spread=2) == [[i] for i in range(6)]
