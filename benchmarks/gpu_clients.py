@@ -4,8 +4,8 @@ Work: FeDepth's client setting (Zhang et al., AAAI 2024): CIFAR-10, PreResNet-20
 client (IID shards), 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 32 or 64.
 
 1. `setting`: LocalBackend, one client after the other, 10 clients per round, batch 32 and 128 (the
-   paper's), each with cuDNN and without it (`backend.cudnn`; hfl trains budgeted clients without it,
-   whose convolutions then unfold one image at a time): client-rounds per second and the GPU's mean
+   paper's), each with cuDNN and without it (`backend.cudnn` on and off; without cuDNN the
+   convolutions unfold one image at a time): client-rounds per second and the GPU's mean
    utilisation (NVML) over the steady rounds.
 2. `concurrency`: 16 clients per round with n = 1, 2, 4, 8, 16 clients at once, batch 32, by
    - `batched`: LocalBackend with `backend.batch_clients=n` (one vectorised model, torch.func);
