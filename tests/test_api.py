@@ -113,3 +113,43 @@ def test_the_readme_example_runs_in_a_fresh_python(tmp_path):
     assert float(printed[0]) == summary["final_accuracy"]
     assert printed[1].split() == ["round", "accuracy", "loss"] and printed[3].split()[:3] == ["1", "2", f"{summary['final_accuracy']:.6f}"]
     assert "round 2/2" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_evaluation_example_gives_each_models_recorded_accuracy_in_a_fresh_python(tmp_path):
+    """docs/python_api.md's block, in a fresh process: `evaluate()` is `final_accuracy`, each sub-model's
+    `evaluate(submodel=)` its recorded accuracy, and `model(submodel=)` on `test_data()` the same. The
+    two widths score differently here, so a sub-model evaluated as the global model would show."""
+    code = code_blocks(ROOT / "docs" / "python_api.md", "## Evaluating a run's models", "python")[0]
+    (tmp_path / "experiments").mkdir()
+    shutil.copy(QUICKSTART, tmp_path / "experiments")
+    printed = [line.split() for line in fresh_python(code, tmp_path).stdout.splitlines()]
+    summary = json.loads((tmp_path / "runs" / "widths" / "summary.json").read_text())
+    assert printed[0] == [repr(summary["final_accuracy"])] * 2
+    assert [line[0] for line in printed[1:3]] == ["x0.5", "x1"] and all(line[1] == line[2] for line in printed[1:3])
+    assert printed[3] == [repr(summary["submodel_accuracy"]["x0.5"])] * 2
+    assert summary["submodel_accuracy"]["x0.5"] != summary["submodel_accuracy"]["x1"]
+
+
+def test_exits_and_wrong_names_evaluate_or_name_what_the_run_has(tmp_path):
+    """DepthFL's exits: `evaluate(exit=)` is the recorded exit accuracy and `model(exit=)` gives that
+    exit's logits; an unknown sub-model, exit or data split is an error naming what the run has."""
+    run = hfl.run({**SMALL, "method": {"name": "depthfl"}}, out=tmp_path / "run")
+    last = run.records[-1]
+    x, y = run.test_data()
+    for name, recorded in last["exit_accuracy"].items():
+        assert run.evaluate(exit=name)["accuracy"] == recorded
+        with torch.no_grad():
+            assert (run.model(exit=name)(x).argmax(1) == y).double().mean().item() == recorded
+    assert run.evaluate()["accuracy"] == run.summary["final_accuracy"] == last["exit_accuracy"]["head"]
+    assert len(set(last["exit_accuracy"].values())) > 1  # an exit scored as the head would show
+    with pytest.raises(ConfigError) as info:
+        run.evaluate(submodel="x0.5")
+    assert info.value.field == "submodel" and all(name in info.value.allowed for name in run.submodels)
+    with pytest.raises(ConfigError, match="exit0, head"):
+        run.model(exit="exit9")
+    with pytest.raises(ConfigError, match="'test'"):
+        run.evaluate(data="train")
+    plain = hfl.run(SMALL, out=tmp_path / "plain", fl__rounds=1)
+    with pytest.raises(ConfigError, match="none"):
+        plain.evaluate(exit="head")

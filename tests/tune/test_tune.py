@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+import hfl
 from hfl.cli import main
 from hfl.config import load_config
 from hfl.errors import ConfigError
@@ -639,11 +640,26 @@ def test_optuna_searches_learning_rate_and_tier_shares(ray_address, tmp_path):
     space = {"fl.lr": {"loguniform": [0.01, 0.3]}, "budgets.shares": {"dirichlet": [2, 2]}}
     path = write_sweep(tmp_path, space, overrides=[*TWO_TIERS[:-1], "fl.rounds=2"], num_samples=3, search="optuna",
                        metric="mean_submodel_accuracy")
-    outcome = run_tune(str(path), out=str(tmp_path / "out"))
+    from ray.tune import ResultGrid
 
-    assert [r["status"] for r in outcome.results] == ["completed"] * 3
-    assert len({r["fl.lr"] for r in outcome.results}) == 3 and all(0.01 <= r["fl.lr"] <= 0.3 for r in outcome.results)
-    for row in outcome.results:  # the draws became shares that sum to 1, and the run used them
-        config = load_config(Path(row["run_dir"]) / "config.yaml")
-        assert list(config.budgets.shares) == row["budgets.shares"] and sum(row["budgets.shares"]) == pytest.approx(1.0)
+    grid = hfl.tune(str(path), out=str(tmp_path / "out"))  # from Python: Ray Tune's ResultGrid
+
+    assert isinstance(grid, ResultGrid) and len(grid) == 3 and not grid.errors
+    loaded = hfl.load_sweep(tmp_path / "out")  # read back, as in a fresh notebook
+    assert sorted((r.metrics["trial_id"], r.metrics["objective"]) for r in loaded) == sorted(
+        (r.metrics["trial_id"], r.metrics["objective"]) for r in grid)
+    with open(tmp_path / "out" / "results.csv") as f:
+        rows = {r["trial_id"]: r for r in csv.DictReader(f)}
+    assert [r["status"] for r in rows.values()] == ["completed"] * 3
+    lrs = set()
+    for result in grid:  # each Result is a trial: its last round's metrics, every round, its hfl run folder
+        trial_id = result.metrics["trial_id"]
+        run = hfl.load_run(tmp_path / "out" / "trials" / trial_id)
+        assert result.metrics["round"] == 2 and list(result.metrics_dataframe["round"]) == [1, 2]
+        assert result.metrics["mean_submodel_accuracy"] == run.summary["mean_submodel_accuracy"] == float(rows[trial_id]["mean_submodel_accuracy"])
+        lrs.add(run.config.fl.lr)
+        # the draws became shares that sum to 1, and the run used them
+        assert str(list(run.config.budgets.shares)) == rows[trial_id]["budgets.shares"] and sum(run.config.budgets.shares) == pytest.approx(1.0)
+    assert len(lrs) == 3 and all(0.01 <= lr <= 0.3 for lr in lrs)
+    assert grid.get_best_result().metrics["objective"] == max(r.metrics["objective"] for r in grid)
     assert list((tmp_path / "out" / "tune").glob("searcher-state-*.pkl"))  # Optuna's TPE picked them (its state, for --resume)
