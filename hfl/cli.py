@@ -42,6 +42,8 @@ class RoundProgress:
         text = f"acc={acc:.4f}" if acc is not None else "acc=n/a"
         if record.get("perplexity") is not None:
             text += f" ppl={record['perplexity']:.3f}"
+        if record.get("sim_end_s") is not None:  # with devices: the simulated clock at the round's end (docs/time.md)
+            text += f" sim={record['sim_end_s']:.1f}s"
         if self.interactive:
             self.bar.set_postfix_str(text)
             self.bar.update(1)
@@ -372,6 +374,9 @@ def command_tune(args: argparse.Namespace) -> int:
     show_progress()  # a line per trial and round while the sweep runs
     outcome = run_tune(args.space, args.overrides, out=args.out, resume=args.resume)
     print(format_results(outcome))
+    if outcome.interrupted:  # Tune took the Ctrl-C and saved its state; exit as `hfl run` does
+        print(f"hfl: interrupted; continue with: hfl tune {args.space} --out {outcome.out} --resume", file=sys.stderr)
+        return INTERRUPTED
     return 1 if outcome.incomplete else 0
 
 

@@ -2,6 +2,7 @@
 in a local folder and on a URI (file:// here, as s3:// or gs:// on a cluster)."""
 
 import csv
+import io
 import json
 import shutil
 import signal
@@ -277,19 +278,14 @@ def test_sweep_writes_results_and_best_config(finished):
     assert finished.best_trial in text and "best_config.yaml" in text and len(text.splitlines()) >= 6
 
 
-INTERRUPTIBLE = """
-import json, sys
-from hfl.tune import run_tune
-outcome = run_tune(sys.argv[1], out=sys.argv[2])
-print(json.dumps([row["status"] for row in outcome.results]))
-"""
-
-
 def interrupted_sweep(sweep, out, ray_address, ready):
-    """Run `sweep` into `out` in a process and Ctrl-C it as soon as `ready()` returns something true;
-    (that value, the trial statuses the process printed)."""
+    """Run `hfl tune sweep --out out` in a process and Ctrl-C it as soon as `ready()` returns something
+    true; (that value, the trial statuses of its results.csv). It exits 130, as `hfl run` does, naming
+    hfl's resume command and not Ray's (`Tuner.restore`)."""
+    from hfl.storage import join, read_text
+
     env = dict(cli_env(), RAY_ADDRESS=ray_address)
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, str(sweep), str(out)], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "hfl.cli", "tune", str(sweep), "--out", str(out)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -302,8 +298,11 @@ def interrupted_sweep(sweep, out, ray_address, ready):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    return seen, json.loads(stdout.strip().splitlines()[-1])
+    assert proc.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == f"hfl: interrupted; continue with: hfl tune {sweep} --out {out} --resume"
+    assert "Tuner.restore" not in stderr + stdout and "Traceback" not in stderr, stderr[-3000:]
+    rows = list(csv.DictReader(io.StringIO(read_text(join(str(out), "results.csv")))))
+    return seen, [row["status"] for row in rows]
 
 
 @pytest.mark.slow
@@ -462,6 +461,19 @@ def test_concurrent_trials_are_sized_by_the_clusters_resources():
     assert trials_at_once({"cpu": 1.0, "gpu": 1.0}, {"CPU": 8.0}) == 1  # GPU trials on a cluster without GPUs wait
 
 
+def test_why_a_trial_ended_and_how_many_are_done_read_as_words(tmp_path):
+    from hfl.tune.progress import exploit_text, stop_reason, total_trials
+
+    sweep = load_sweep(write_sweep(tmp_path, num_samples=3))
+    assert total_trials(sweep) == 12  # 3 samples of the 2 x 2 grid
+    assert stop_reason(sweep, "TERMINATED", 4, 4) == "completed"
+    assert stop_reason(sweep, "TERMINATED", 2, 4) == "stopped by fifo after round 2/4"
+    assert stop_reason(sweep, "ERROR", 2, 4, "RuntimeError: CUDA out of memory") == "error: RuntimeError: CUDA out of memory"
+    assert stop_reason(sweep, "PENDING", 0, 4) == "unfinished"
+    event = {"trial": "t_1", "source": "t_0", "round": 2, "from": {"fl.lr": 0.05}, "to": {"fl.lr": 0.06}}
+    assert exploit_text(event) == "from t_0's round 2: fl.lr 0.05 -> 0.06"
+
+
 def test_progress_lines_name_the_trial_its_swept_values_and_the_round(tmp_path):
     from hfl.tune.progress import round_line
 
@@ -583,6 +595,13 @@ def assert_every_trial_is_one_complete_wandb_run(outcome, exploits: dict) -> Non
         assert history[4]["worst_submodel_accuracy"] == summary["worst_submodel_accuracy"]
 
 
+def violations_so_far(run: Path, round_: int) -> int:
+    """Client-rounds over their memory budget in rounds 1..round_ of a run, as summary.json counts them."""
+    from hfl.scores import over_budget
+
+    return sum(over_budget(c)["memory"] for line in read_metrics(run) if line["round"] <= round_ for c in line["clients"])
+
+
 def history_lr(run: Path) -> float:
     """The learning rate a trial's wandb run was started with: its first round's."""
     own = sorted(run.glob("metrics.pbt-*.jsonl"))
@@ -597,7 +616,7 @@ def read_metrics_file(path: Path) -> list[dict]:
 def test_asha_minimising_loss_ranks_trials_that_break_budgets_last_and_each_trial_is_a_wandb_run(ray_address, tmp_path, progress):
     from hfl.report import write_report
     from hfl.tune.trial import WORST
-    from tests.test_wandb import items, wandb_records
+    from tests.test_wandb import history_rows, items, wandb_records
 
     space = {"method.name": {"grid": ["heterofl", "fedavg"]}, "fl.lr": {"grid": [0.03, 0.1]}}
     path = write_sweep(tmp_path, space, overrides=["budgets.scenario=fair", "fl.rounds=3", "logging.wandb=true"],
@@ -621,14 +640,21 @@ def test_asha_minimising_loss_ranks_trials_that_break_budgets_last_and_each_tria
         run = Path(row["run_dir"])
         summary = json.loads((run / "summary.json").read_text())  # also for trials ASHA stopped early
         assert summary["final_accuracy"] == read_metrics(run)[-1]["accuracy"] and len(read_metrics(run)) == row["rounds"]
-        # every trial is a wandb run grouped by the sweep, carrying its swept values (a trial ASHA stops
-        # loses its Ray worker before wandb's service has written the run's file: not checked)
-        if row["status"] != "completed":
-            continue
-        (record,) = [r.run for r in wandb_records(run) if r.WhichOneof("record_type") == "run"]
+        # every trial is one finished wandb run grouped by the sweep, carrying its swept values and
+        # every round it ran, also a trial ASHA stopped (the driver logs it; its worker is gone)
+        assert len(list(run.glob("wandb/offline-run-*"))) == 1
+        records = wandb_records(run)
+        (record,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
         config = items(record.config.update)
         assert (record.run_group, record.job_type) == ("out", row["method.name"])
         assert config["swept"] == {"method.name": row["method.name"], "fl.lr": row["fl.lr"]}
+        history = history_rows(records)
+        assert [(r, h["loss"], h["budget_violations"]) for r, h in sorted(history.items())] == [
+            (line["round"], line["loss"], json.loads(json.dumps(violations_so_far(run, line["round"])))) for line in read_metrics(run)]
+        # why it ended, in results.csv and in the progress
+        reason = "completed" if row["status"] == "completed" else f"stopped by asha after round {row['rounds']}/3"
+        assert row["reason"] == reason
+        assert any(line.startswith(f"{row['trial_id']} ") and line.split(": ", 1)[1].startswith(reason) for line in progress)
     assert len({line.split(":")[0] for line in progress if "round 1/3" in line}) == 4
     text = write_report([str(out)], tmp_path / "report").read_text()
     assert "| run | fl.lr | method.name |" in text.replace("| run | method.name | fl.lr |", "| run | fl.lr | method.name |")
