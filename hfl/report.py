@@ -193,6 +193,45 @@ def plot_accuracy_by_round(runs: list[RunRecord], path: Path) -> None:
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+def plot_accuracy_by_time(runs: list[RunRecord], path: Path) -> bool:
+    """Accuracy against simulated time (the end of each round) for the runs with devices; whether any had them."""
+    timed = [run for run in runs if any("sim_end_s" in r for r in run.rounds)]
+    if not timed:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for run in timed:
+        points = [(r["sim_end_s"], r["accuracy"]) for r in run.rounds if r.get("accuracy") is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=run.label)
+    ax.set(xlabel="simulated seconds", ylabel="test accuracy (global model)", title="accuracy by simulated time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return True
+
+
+def time_rows(groups: list[list[RunRecord]]) -> tuple[list[str], list[list[str]]]:
+    """Per group of seeds: total simulated seconds and the time to each `fl.time_targets` accuracy,
+    mean ± std over the seeds that reached it, with how many did."""
+    targets = sorted({t for g in groups for r in g for t in (r.summary.get("time_to_accuracy") or {})}, key=float)
+    headers = ["run", "method", "seeds", "simulated s", *(f"time to {t}" for t in targets)]
+    rows = []
+    for group in groups:
+        if "simulated_seconds" not in group[0].summary:
+            continue
+        name = SEED_SUFFIX.sub("", group[0].path.name) or group[0].path.name
+        cells = []
+        for t in targets:
+            reached = [r.summary["time_to_accuracy"][t] for r in group if (r.summary.get("time_to_accuracy") or {}).get(t) is not None]
+            cells.append(f"{mean_std(reached)} ({len(reached)}/{len(group)})")
+        rows.append([name, group[0].config["method"]["name"], str(len(group)), mean_std([r.summary["simulated_seconds"] for r in group]), *cells])
+    return headers, rows
+
+
 LABEL_REACH = (0.2, 0.08)
 """How far (shares of the data's x and y spans) a point's label reaches: about one label's width
 and two lines' height on the plot."""
@@ -283,7 +322,8 @@ def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
 
 
 def write_report(run_dirs: list[str], out: str | Path) -> Path:
-    """Write report.md, accuracy_by_round.png and accuracy_by_memory.png into `out`; returns report.md.
+    """Write report.md, accuracy_by_round.png and accuracy_by_memory.png (and accuracy_by_time.png for
+    runs with devices) into `out`; returns report.md.
     A sweep folder (`hfl tune --out`) stands for its trials, which get the swept values as columns."""
     runs = [load_run(d) for d in expand_sweeps(run_dirs)]
     folder = Path(out)
@@ -302,6 +342,10 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
     if tiers[1]:
         text += "\n## Per budget tier\n\nThe mean estimated peak of each tier's client-rounds against its budget.\n\n" + markdown_table(*tiers)
     text += "\n![accuracy by round](accuracy_by_round.png)\n\n![accuracy vs client memory](accuracy_by_memory.png)\n"
+    if plot_accuracy_by_time(runs, folder / "accuracy_by_time.png"):
+        text += ("\n## Simulated time\n\nSimulated seconds of the whole run and to each target accuracy (`fl.time_targets`), mean ± std "
+                 "over the seeds that reached it (how many did); docs/time.md.\n\n" + markdown_table(*time_rows(groups)))
+        text += "\n![accuracy by simulated time](accuracy_by_time.png)\n"
     report = folder / "report.md"
     report.write_text(text)
     return report

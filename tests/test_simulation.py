@@ -184,3 +184,39 @@ def test_a_deadline_aggregates_only_the_clients_in_time_and_counts_the_straggler
         assert r["sim_end_s"] == r["sim_start_s"] + 0.5  # a straggler holds the round to its deadline
     assert aggregated == [sorted(c["id"] for c in r["clients"] if not c.get("dropped")) for r in records]
     assert summary["total_flops"] == sum(c["flops"] for r in records for c in r["clients"])  # stragglers' work is spent
+
+
+def test_a_run_never_selects_an_offline_device_and_drops_one_that_leaves_mid_round(tmp_path):
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    # clients 0-2 come online only at 1e6 s; client 3 leaves at 0.05 s, before any download of the CNN (78 kB at 1 MB/s) ends
+    devices = [{"id": c, "speed": 1e9, "down": 1e6, "up": 1e6, "online": [[1e6, 2e6]] if c < 3 else [[0, 0.05]] if c == 3 else []} for c in range(6)]
+    trace = write_trace(tmp_path / "trace.json", devices)
+    run_experiment(small_config(fl={"rounds": 1, "fraction": 1.0}, devices={"source": "trace", "trace": trace}), tmp_path / "run")
+    (record,) = read_metrics(tmp_path / "run")
+    assert sorted(c["id"] for c in record["clients"]) == [3, 4, 5]
+    assert record["dropped_clients"] == [{"id": 3, "reason": "offline", "at_s": 0.05}]
+    assert record["sim_end_s"] == max(c["sim_finish_s"] for c in record["clients"] if c["id"] != 3)
+
+
+def test_overselect_keeps_the_first_to_finish_and_the_report_and_progress_show_simulated_time(tmp_path, capsys):
+    from hfl.cli import RoundProgress
+    from hfl.loggers import read_metrics
+    from hfl.report import write_report
+    from hfl.server import run_experiment
+
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 1.0}
+    config = small_config(fl={"rounds": 2, "clients": 10, "fraction": 0.3, "round_policy": "overselect", "overselect": 0.5, "time_targets": [0.1]},
+                          devices=devices)
+    run_experiment(config, tmp_path / "run")
+    for record in read_metrics(tmp_path / "run"):
+        finishes = sorted((c["sim_finish_s"], c["id"]) for c in record["clients"])
+        assert len(finishes) == 5  # 3 clients, and half as many again, rounded up
+        assert [c["id"] for c in record["clients"] if not c.get("dropped")] == sorted(i for _, i in finishes[:3])
+        assert {c.get("dropped") for c in record["clients"] if c["id"] not in {i for _, i in finishes[:3]}} == {"late"}
+        assert record["sim_end_s"] == finishes[2][0]
+    RoundProgress(2, 0).on_round(record)
+    assert f"sim={record['sim_end_s']:.1f}s" in capsys.readouterr().err
+    report = write_report([str(tmp_path / "run")], tmp_path / "report").read_text()
+    assert "| run | method | seeds | simulated s | time to 0.1 |" in report and (tmp_path / "report" / "accuracy_by_time.png").is_file()
