@@ -541,6 +541,6 @@ class RayRound:
                         self.lose(name, actor, lambda task: RayBackend._lost(task, f"timed out after {timeout:g}s"), "timed out")
                         self.submit(name)
         for name, queue in self.queues.items():  # units whose pool has no live actor left this round
-            self.failed.extend(RayBackend._lost(self.tasks[i], f"node lost: Ray pool {name} has no live actor left ({self.why.get(name, 'none started')})")
-                               for unit in queue for i in unit)
+            reason = f"node lost: Ray pool {name} has no live actor left ({self.why.get(name, 'none started')})"
+            self.failed.extend(RayBackend._lost(self.tasks[i], reason) for unit in queue for i in unit)
         return [self.results[i] for i in sorted(self.results)], self.failed
