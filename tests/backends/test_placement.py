@@ -76,3 +76,33 @@ def test_the_fallback_pool_of_a_tiered_cluster_asks_for_cpus_only_unless_cuda_is
     assert gpus_per_actor(BackendConfig(), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30, fallback=True) == 0.0
     assert gpus_per_actor(BackendConfig(device="cuda"), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30, fallback=True) > 0
     assert gpus_per_actor(BackendConfig(), SHARED_POOL, tier, [HEAD, GPU_WORKER], device_memory=2**30) > 0  # an untiered cluster's GPUs
+
+
+def planner(backend, budgets, *, started):
+    """A RayBackend that only plans pools (no Ray): what `_plan_pools` reads of one."""
+    from types import SimpleNamespace
+
+    from hfl.backends.ray import RayBackend
+
+    plan = object.__new__(RayBackend)
+    plan.config = SimpleNamespace(backend=backend)
+    plan.environment = SimpleNamespace(budgets=budgets)
+    plan.tiered, plan.started = False, started
+    return plan
+
+
+def test_a_tier_no_live_node_advertises_runs_on_cpu_actors_with_a_warning_or_stops_a_strict_run(caplog):
+    from hfl.backends.base import ClusterError
+
+    nodes = [HEAD, GPU_WORKER]  # w1 is advertised, w2 (its node gone) is not
+    budgets = [budget("w1", 300), budget("w2", 300), budget("w2", 300)]
+    backend = BackendConfig(gpu_memory="1GB")
+    pools = planner(backend, budgets, started=True)._plan_pools(nodes)
+    assert pools["w1"].options["num_gpus"] > 0 and "num_gpus" not in pools[SHARED_POOL].options  # CPU actors for w2
+    assert "no live node advertises hfl_tier_w2: the clients of tier w2 run on CPU actors" in caplog.text
+    strict = BackendConfig(gpu_memory="1GB", tier_strict=True)
+    with pytest.raises(ConfigError) as info:  # before the first round: a config the cluster cannot run
+        planner(strict, budgets, started=False)._plan_pools(nodes)
+    assert info.value.field == "backend.tier_strict" and "hfl_tier_w2" in info.value.allowed
+    with pytest.raises(ClusterError, match="hfl_tier_w2 .*backend.tier_strict"):  # mid-run: the run stops, to be resumed
+        planner(strict, budgets, started=True)._plan_pools(nodes)
