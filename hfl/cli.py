@@ -267,7 +267,7 @@ def command_data(args: argparse.Namespace) -> int:
     parts = [p.numpy() for p in env.partitions]
     hist = label_histogram(env.data.train_y.numpy(), parts, env.data.num_classes)
     d = config.data
-    setting = f" (alpha={d.alpha})" if "dirichlet" in d.partition else f" (labels_per_client={d.labels_per_client})" if d.partition == "pathological" else ""
+    setting = partition_setting(d)
     print(f"{d.name}: {len(env.data.train_y)} train / {len(env.data.test_y)} test, partition {d.partition}{setting}, {config.fl.clients} clients")
     cell = max(5, len(str(int(hist.max()))) + 1)
     print("client" + "".join(f"{c:>{cell}}" for c in range(hist.shape[1])) + f"{'total':>8}")
@@ -277,9 +277,16 @@ def command_data(args: argparse.Namespace) -> int:
     print(f"samples per client: min {sizes.min()}, mean {sizes.mean():.1f}, max {sizes.max()}; "
           f"labels per client: mean {np.mean((hist > 0).sum(1)):.1f}")
     if args.png:
-        save_label_heatmap(hist, args.png, title=f"{d.name} {d.partition} alpha={d.alpha}")
+        save_label_heatmap(hist, args.png, title=f"{d.name} {d.partition}{setting}, {config.fl.clients} clients")
         print(f"heat map: {args.png}")
     return 0
+
+
+def partition_setting(data: Any) -> str:
+    """The partition's own parameter, as ` (alpha=0.5)` or ` (labels_per_client=2)`; '' for one without."""
+    if "dirichlet" in data.partition:
+        return f" (alpha={data.alpha:g})"
+    return f" (labels_per_client={data.labels_per_client})" if data.partition == "pathological" else ""
 
 
 def print_text_clients(config: Any, data: Any) -> None:

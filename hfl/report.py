@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import statistics
@@ -14,6 +15,7 @@ import yaml
 
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
+from hfl.scores import RoundScores
 from hfl.server import SUMMARY
 from hfl.storage import is_uri, staged
 
@@ -62,6 +64,14 @@ def config_value(config: dict[str, Any], path: str) -> Any:
     return node
 
 
+def sweep_metric(folder: Path) -> str | None:
+    """The metric a sweep ranked its trials by, where `folder` is one of its trials."""
+    sweep = folder.parent.parent / SWEEP_FILE
+    if folder.parent.name != "trials" or not sweep.is_file():
+        return None
+    return (yaml.safe_load(sweep.read_text()) or {}).get("metric")
+
+
 def swept_paths(folder: Path) -> list[str]:
     """The config paths a sweep varied, where `folder` is one of its trials (OUT/trials/<id>)."""
     sweep = folder.parent.parent / SWEEP_FILE
@@ -108,7 +118,7 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
 
 def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     swept = list(dict.fromkeys(path for run in runs for path in run.swept))  # a sweep's values, beside the trial id
-    headers = ["run", *swept, "method", "data", "partition", "budgets", "final acc", "best acc"]
+    headers = ["run", *swept, "method", "data", "partition", "budgets", "rounds", "status", "final acc", "best acc"]
     has_submodels = any("worst_submodel_accuracy" in r.summary for r in runs)
     if has_submodels:
         headers += ["worst sub-model", "mean sub-model"]
@@ -121,7 +131,7 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         partition += f" Λ={data['labels_per_client']}" if data["partition"] == "pathological" else ""
         row = [run.path.name, *(short_value(run.swept[p]) if p in run.swept else "-" for p in swept),
                c["method"]["name"], data["name"], partition, c.get("budgets", {}).get("scenario", "none"),
-               _fmt(s.get("final_accuracy")), _fmt(s.get("best_accuracy"))]
+               str(len(run.rounds)), run_status(run), _fmt(s.get("final_accuracy")), _fmt(s.get("best_accuracy"))]
         if has_submodels:
             row += [_fmt(s.get("worst_submodel_accuracy")), _fmt(s.get("mean_submodel_accuracy"))]
         row += [
@@ -132,6 +142,20 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         ]
         rows.append(row)
     return headers, rows
+
+
+def run_status(run: RunRecord) -> str:
+    """How a run ended: a sweep trial's reason from its results.csv (`stopped by asha after round
+    1/3`), else `completed`, or `stopped after round k/N` where it ran fewer rounds than configured."""
+    results = run.path.parent.parent / "results.csv"
+    if run.swept and results.is_file():
+        with open(results, newline="") as f:
+            reason = next((row.get("reason") for row in csv.DictReader(f) if row.get("trial_id") == run.path.name), None)
+        if reason:
+            return reason
+    planned = config_value(run.config, "fl.rounds")
+    done = len(run.rounds)
+    return f"stopped after round {done}/{planned}" if planned is not None and done < planned else "completed"
 
 
 SEED_SUFFIX = re.compile(r"[-_]?seed\d+$")
@@ -177,20 +201,64 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_accuracy_by_round(runs: list[RunRecord], path: Path) -> None:
+SUBMODEL_PANELS = ("worst_submodel_accuracy", "mean_submodel_accuracy")
+PANEL_TITLES = {"accuracy": "global model", "worst_submodel_accuracy": "worst sub-model", "mean_submodel_accuracy": "mean sub-model"}
+
+
+def round_values(record: dict[str, Any], scores: RoundScores) -> dict[str, Any]:
+    """A round's numbers by the names a sweep ranks by: its own scalars, and `RoundScores`' (worst and
+    mean sub-model accuracy, violations so far, ...); `final_X` and `X` alike."""
+    values = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values.update(scores(record))
+    return {**values, **{f"final_{k}": v for k, v in values.items()}}
+
+
+def round_panels(runs: list[RunRecord], ranked_by: str | None = None) -> list[str]:
+    """What accuracy_by_round.png plots, a panel each: the global model's accuracy, the worst and
+    mean sub-model accuracy where a run has sub-models (what sub-model methods are ranked by), and
+    the metric a sweep ranked by where it is none of these."""
+    panels = ["accuracy"]
+    if any(r.get("submodel_accuracy") for run in runs for r in run.rounds):
+        panels += SUBMODEL_PANELS
+    metric = {"final_accuracy": "accuracy"}.get(ranked_by or "", ranked_by)
+    if metric and metric not in panels:
+        panels.append(metric)
+    return panels
+
+
+def round_curve(run: RunRecord, metric: str) -> list[tuple[int, float]]:
+    """(round, value of `metric`) for every round of `run` that has it."""
+    scores, points = RoundScores(), []
+    for record in run.rounds:
+        value = round_values(record, scores).get(metric)
+        if value is not None:
+            points.append((record["round"], value))
+    return points
+
+
+def plot_accuracy_by_round(runs: list[RunRecord], path: Path, ranked_by: str | None = None) -> Any:
+    """One panel per `round_panels` metric, a line per run, integer round ticks; returns the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(7, 4.5))
+    panels = round_panels(runs, ranked_by)
+    fig = Figure(figsize=(4.2 * len(panels) + 1.5, 4.5))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for run in runs:
-        points = [(r["round"], r["accuracy"]) for r in run.rounds if r.get("accuracy") is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=run.label)
-    ax.set(xlabel="round", ylabel="test accuracy (global model)", title="accuracy by round")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=all(p.endswith("accuracy") for p in panels))[0]
+    for ax, metric in zip(axes, panels):
+        for run in runs:
+            points = round_curve(run, metric)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=run.label)
+        title = PANEL_TITLES.get(metric, metric) + (" (ranked by)" if metric == {"final_accuracy": "accuracy"}.get(ranked_by or "", ranked_by) else "")
+        ax.set(xlabel="round", title=title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy" if all(p.endswith("accuracy") for p in panels) else "value")
+    axes[-1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the panels, over no curve
+    fig.suptitle("accuracy by round")
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
 
 
 def plot_accuracy_by_time(runs: list[RunRecord], path: Path) -> bool:
@@ -270,11 +338,11 @@ def tier_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def memory_points(run: RunRecord) -> list[tuple[float, float]]:
-    """(client memory in MiB, final accuracy) per budget tier: the tier's mean peak, and the accuracy
-    of the sub-model its clients trained most (HeteroFL's small tier scores its small width, not the
-    global model), or the global model's where no sub-model of theirs is scored. Without tiers, the
-    mean and max peak at the global model's accuracy."""
+def memory_points(run: RunRecord) -> list[tuple[float, float, str | None]]:
+    """(client memory in MiB, final accuracy, tier) per budget tier: the tier's mean peak, and the
+    accuracy of the sub-model its clients trained most (HeteroFL's small tier scores its small width,
+    not the global model), or the global model's where no sub-model of theirs is scored. Without
+    tiers, the mean and max peak at the global model's accuracy (tier None)."""
     final = run.summary.get("final_accuracy")
     if final is None:
         return []
@@ -288,17 +356,25 @@ def memory_points(run: RunRecord) -> list[tuple[float, float]]:
     for name, tier in (run.summary.get("tiers") or {}).items():
         if tier.get("mean_estimated_peak_bytes"):
             submodel = trained[name].most_common(1)[0][0] if name in trained else None
-            points.append((tier["mean_estimated_peak_bytes"] / MIB, scored.get(submodel, final)))
+            points.append((tier["mean_estimated_peak_bytes"] / MIB, scored.get(submodel, final), name))
     if points:
         return sorted(points)
     overall = [run.summary.get(k) for k in ("mean_estimated_peak_bytes", "max_estimated_peak_bytes")]
-    return [(b / MIB, final) for b in sorted({b for b in overall if b is not None})]
+    return [(b / MIB, final, None) for b in sorted({b for b in overall if b is not None})]
 
 
-def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
+def stacked_label(labels: list[str]) -> list[str]:
+    """The lines of one place's label: its runs, then its tiers on one line (`tiers w1, w1_2`), each once."""
+    runs = [label for label in dict.fromkeys(labels) if not label.startswith("tier ")]
+    tiers = sorted({label.removeprefix("tier ") for label in labels if label.startswith("tier ")})
+    return runs + ([("tiers " if len(tiers) > 1 else "tier ") + ", ".join(tiers)] if tiers else [])
+
+
+def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> Any:
     """Final accuracy against client memory, one marker per budget tier joined by a line, at the
     accuracy of the sub-model that tier trained: HeteroFL's small clients sit left of FedAvg's and
-    below them, where the maximum peak alone put both at the same place."""
+    below them, where the maximum peak alone put both at the same place. Each marker is named by its
+    tier, each line's last by its run; labels that would overlap are stacked into one. Returns the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -310,15 +386,18 @@ def plot_accuracy_by_memory(runs: list[RunRecord], path: Path) -> None:
         tiers = memory_points(run)
         if not tiers:
             continue
-        ax.plot(*zip(*tiers), marker="o", markersize=5)
-        points.append((*tiers[-1], run.label))
+        ax.plot([t[0] for t in tiers], [t[1] for t in tiers], marker="o", markersize=5)
+        for k, (x, y, tier) in enumerate(tiers):
+            names = ([run.label] if k == len(tiers) - 1 else []) + ([f"tier {tier}"] if tier is not None else [])
+            points += [(x, y, name) for name in names]
     for x, y, labels in shared_labels(points):
-        ax.annotate("\n".join(labels), (x, y), fontsize="small", xytext=(4, 4), textcoords="offset points", va="bottom")
+        ax.annotate("\n".join(stacked_label(labels)), (x, y), fontsize="small", xytext=(4, 4), textcoords="offset points", va="bottom")
     ax.set(xlabel="client peak training memory per budget tier (MiB, estimated mean)",
            ylabel="final test accuracy of the tier's sub-model", title="accuracy vs client memory (a marker per tier)")
     ax.margins(0.2)  # room for the labels beside the points
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    return fig
 
 
 def write_report(run_dirs: list[str], out: str | Path) -> Path:
@@ -329,7 +408,8 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     headers, rows = comparison_rows(runs)
-    plot_accuracy_by_round(runs, folder / "accuracy_by_round.png")
+    ranked_by = next((metric for run in runs if (metric := sweep_metric(run.path))), None)
+    plot_accuracy_by_round(runs, folder / "accuracy_by_round.png", ranked_by)
     plot_accuracy_by_memory(runs, folder / "accuracy_by_memory.png")
     text = "# hfl report\n\n"
     groups = seed_groups(runs)

@@ -18,7 +18,7 @@ def test_report_compares_runs(tmp_path, capsys):
     text = (tmp_path / "rep" / "report.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith(("| avg", "| prox"))]
     assert len(rows) == 2
-    assert "| fedavg | digits | dirichlet α=0.5 | fair |" in rows[0] and "| fedprox |" in rows[1]
+    assert "| fedavg | digits | dirichlet α=0.5 | fair | 2 | completed |" in rows[0] and "| fedprox |" in rows[1]
     for name in ("accuracy_by_round.png", "accuracy_by_memory.png"):
         assert (tmp_path / "rep" / name).read_bytes()[:8] == PNG
     assert "fedprox" in capsys.readouterr().out
@@ -114,7 +114,8 @@ def test_memory_is_reported_per_budget_tier(tmp_path):
                                 budgets={"scenario": "tiers", "memory": ["width:1/2", "width:1"], "shares": [0.5, 0.5]}), tmp_path / "het")
     run = load_run(tmp_path / "het")
     tiers = run.summary["tiers"]
-    (small, small_accuracy), (large, large_accuracy) = memory_points(run)
+    (small, small_accuracy, small_tier), (large, large_accuracy, large_tier) = memory_points(run)
+    assert (small_tier, large_tier) == ("w1_2", "w1")
     assert [small, large] == sorted(t["mean_estimated_peak_bytes"] / 2**20 for t in tiers.values())
     assert small < large == run.summary["max_estimated_peak_bytes"] / 2**20  # the small tier shows
     # each tier at the accuracy of the width its clients trained, not the global model's
@@ -125,3 +126,61 @@ def test_memory_is_reported_per_budget_tier(tmp_path):
     rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("| w"))}
     assert set(rows) == {"w1", "w1_2"}
     assert rows["w1_2"][3] == f"{tiers['w1_2']['mean_estimated_peak_bytes'] / 2**20:.2f}" and rows["w1_2"][5] == "0"
+
+
+@pytest.fixture(scope="module")
+def widths_and_fedavg(tmp_path_factory):
+    """HeteroFL with two tiers and FedAvg under the same tiers, 3 rounds each."""
+    from hfl.report import load_run
+
+    out = tmp_path_factory.mktemp("pictures")
+    tiers = {"scenario": "tiers", "memory": ["width:1/2", "width:1"], "shares": [0.5, 0.5]}
+    run_experiment(small_config(method={"name": "heterofl", "widths": [1.0, 0.5]}, budgets=tiers), out / "heterofl")
+    run_experiment(small_config(budgets={"scenario": "fair"}), out / "fedavg")
+    return out, [load_run(out / "heterofl"), load_run(out / "fedavg")]
+
+
+def test_the_round_plot_shows_the_worst_and_mean_sub_model_beside_the_global_with_whole_rounds(widths_and_fedavg, tmp_path):
+    """What a sub-model method is ranked by gets its panel, from each round's sub-model accuracies (a
+    method without sub-models: its one model's); a sweep's own metric one more; ticks are whole rounds."""
+    from hfl.report import plot_accuracy_by_round
+
+    _, runs = widths_and_fedavg
+    fig = plot_accuracy_by_round(runs, tmp_path / "a.png")
+    assert [ax.get_title() for ax in fig.axes] == ["global model", "worst sub-model", "mean sub-model"]
+    heterofl, fedavg = runs
+    curves = {title: {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()} for title, ax in zip(("g", "w", "m"), fig.axes)}
+    assert curves["w"][heterofl.label] == [min(r["submodel_accuracy"].values()) for r in heterofl.rounds]
+    assert curves["m"][heterofl.label] == pytest.approx([sum(r["submodel_accuracy"].values()) / 2 for r in heterofl.rounds])
+    assert any(len(set(r["submodel_accuracy"].values())) > 1 for r in heterofl.rounds)
+    assert curves["m"][heterofl.label] != curves["g"][heterofl.label]  # the global model's curve would not do
+    assert curves["w"][fedavg.label] == curves["g"][fedavg.label] == [r["accuracy"] for r in fedavg.rounds]
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks)
+    ranked = plot_accuracy_by_round(runs, tmp_path / "b.png", ranked_by="final_loss")
+    assert ranked.axes[-1].get_title() == "final_loss (ranked by)"
+    assert list(ranked.axes[-1].get_lines()[0].get_ydata()) == [r["loss"] for r in heterofl.rounds]
+
+
+def test_the_memory_plot_names_each_tier_point_and_stacks_labels_that_would_overlap(widths_and_fedavg, tmp_path):
+    from hfl.report import plot_accuracy_by_memory
+
+    _, runs = widths_and_fedavg
+    fig = plot_accuracy_by_memory([*runs, runs[0]], tmp_path / "m.png")  # HeteroFL twice: the same places
+    texts = [(t.xy, t.get_text().split("\n")) for t in fig.axes[0].texts]
+    named = {name for _, lines in texts for name in lines}
+    assert {"tier w1_2", runs[0].label, runs[1].label} <= named and any(n.startswith("tier") and "w1," in n for n in named)
+    assert len({xy for xy, _ in texts}) == len(texts)  # one label per place
+    assert all(len(lines) == len(set(lines)) for _, lines in texts)  # the twin run's label and tier names once
+
+
+def test_data_png_titles_say_the_partitions_own_parameter(tmp_path, monkeypatch, capsys):
+    import hfl.data
+    from tests.conftest import QUICKSTART
+
+    titles = []
+    monkeypatch.setattr(hfl.data, "save_label_heatmap", lambda hist, path, title="": titles.append(title))
+    for partition in (["data.partition=pathological", "data.labels_per_client=3"], ["data.alpha=0.3"], ["data.partition=iid"]):
+        assert main(["data", str(QUICKSTART), *partition, "--png", str(tmp_path / "x.png")]) == 0
+    assert titles == ["digits pathological (labels_per_client=3), 20 clients", "digits dirichlet (alpha=0.3), 20 clients", "digits iid, 20 clients"]
