@@ -21,7 +21,7 @@ from typing import Any
 
 from ray import tune
 
-from hfl.loggers import METRICS, WandbLogger
+from hfl.loggers import METRICS, WandbLogger, existing_wandb_id
 from hfl.storage import is_uri, join, read_text
 from hfl.scores import RoundScores
 from hfl.tune.progress import read_exploits
@@ -64,7 +64,8 @@ class TrialRuns(tune.Callback):
             config = swept_config(self.sweep_setup, self.sweep_setup.swept(trial.config), trial_id)
             folder = self._folder(trial_id)
             folder.mkdir(parents=True, exist_ok=True)
-            resumed = trial_id in self.logged  # a resumed sweep: its runs go on under the ids they had
+            # a resumed sweep: its runs go on under the ids they had
+            resumed = trial_id in self.logged or existing_wandb_id(folder) is not None
             self._runs[trial_id] = WandbLogger(config, folder, resume=resumed, swept=self.sweep_setup.swept(trial.config), records=before)
         return self._runs[trial_id]
 

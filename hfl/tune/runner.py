@@ -5,7 +5,9 @@ Layout of a sweep folder OUT, a local folder or a URI (s3://, gs://, file://; se
     OUT/sweep.yaml          the validated sweep (a resumed sweep must match it)
     OUT/trials/<trial_id>/  one hfl run per trial: metrics.jsonl, summary.json, config.yaml, checkpoint.pt
     OUT/tune/               Ray Tune's storage: experiment state, per-trial results and checkpoints
-    OUT/results.csv         one row per trial
+    OUT/results.csv         one row per trial: swept values, final and best metric, violations, rounds, status,
+                            reason (completed, stopped by asha after round k/N, error: ...), PBT exploits
+    OUT/exploits.json       under PBT: each exploit (trial, source trial and round, values before and after)
     OUT/best_config.yaml    the full config of the best trial, runnable with `hfl run`
 
 A trial reports every round to Tune: the global model's accuracy and loss and summary.json's values
