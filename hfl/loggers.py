@@ -142,7 +142,7 @@ def _table_cell(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (list, tuple)) else value  # a wandb table column holds scalars
 
 
-BEST_IS_LOWEST = re.compile(r"(^|/)(loss|perplexity|wall_seconds|seconds|violations|.*_violations|mean_.*_bytes|mean_flops|.*train_loss)$")
+BEST_IS_LOWEST = re.compile(r"(^|/)(loss|perplexity|.*seconds|.*violations|.*bytes.*|.*flops|.*train_loss|failed_clients|skipped_clients)$")
 """History keys whose summary keeps the lowest value beside the last (others keep the highest)."""
 
 

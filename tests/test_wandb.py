@@ -224,3 +224,13 @@ def test_online_without_an_api_key_is_a_config_error_naming_the_mode(tmp_path, m
     config = small_config(logging={"wandb": True, "wandb_mode": "online"})
     with pytest.raises(ConfigError, match=r"logging.wandb_mode='online'.*wandb login"):
         WandbLogger(config, tmp_path / "run", resume=False)
+
+
+def test_each_keys_summary_keeps_its_best_value_in_the_right_direction():
+    from hfl.loggers import summary_kind
+
+    for key in ("accuracy", "worst_submodel_accuracy", "submodel_accuracy/x0.5", "exit_accuracy/exit2", "tiers/w1_2/accuracy"):
+        assert summary_kind(key) == "max,last", key
+    for key in ("loss", "perplexity", "budget_violations", "violations/memory", "tiers/w1/violations/flops", "tiers/w1/budget_violations",
+                "inference_peak_bytes", "tiers/w1/mean_estimated_peak_bytes", "tiers/w1/mean_flops", "clients/mean_train_loss"):
+        assert summary_kind(key) == "min,last", key
