@@ -135,5 +135,11 @@ class TrialProgress(tune.Callback):
         PROGRESS.info("%s: %s %s", trial_label(self.sweep, trial.trial_id, trial.config), reason, self._done(trials, trial))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        PROGRESS.info("%s: failed after round %s (the sweep's results name the error) %s",
-                      trial_label(self.sweep, trial.trial_id, trial.config), (trial.last_result or {}).get("round", 0), self._done(trials, trial))
+        try:  # the error's last line, as results.csv's reason holds it
+            error = str(trial.get_error()).strip().splitlines()[-1]
+        except Exception:  # noqa: BLE001 (Ray's record of the error may be unreadable; the line still says the trial failed)
+            error = None
+        rounds = int(self.sweep.trial_values(trial.config)["fl"]["rounds"])
+        reason = stop_reason(self.sweep, "ERROR", int((trial.last_result or {}).get("round", 0)), rounds, error)
+        PROGRESS.info("%s: %s (after round %s) %s", trial_label(self.sweep, trial.trial_id, trial.config), reason,
+                      (trial.last_result or {}).get("round", 0), self._done(trials, trial))

@@ -461,8 +461,8 @@ def test_concurrent_trials_are_sized_by_the_clusters_resources():
     assert trials_at_once({"cpu": 1.0, "gpu": 1.0}, {"CPU": 8.0}) == 1  # GPU trials on a cluster without GPUs wait
 
 
-def test_why_a_trial_ended_and_how_many_are_done_read_as_words(tmp_path):
-    from hfl.tune.progress import exploit_text, stop_reason, total_trials
+def test_why_a_trial_ended_and_how_many_are_done_read_as_words(tmp_path, progress):
+    from hfl.tune.progress import TrialProgress, exploit_text, stop_reason, total_trials
 
     sweep = load_sweep(write_sweep(tmp_path, num_samples=3))
     assert total_trials(sweep) == 12  # 3 samples of the 2 x 2 grid
@@ -472,6 +472,11 @@ def test_why_a_trial_ended_and_how_many_are_done_read_as_words(tmp_path):
     assert stop_reason(sweep, "PENDING", 0, 4) == "unfinished"
     event = {"trial": "t_1", "source": "t_0", "round": 2, "from": {"fl.lr": 0.05}, "to": {"fl.lr": 0.06}}
     assert exploit_text(event) == "from t_0's round 2: fl.lr 0.05 -> 0.06"
+    done = SimpleNamespace(trial_id="t_0", status="TERMINATED")
+    failed = SimpleNamespace(trial_id="t_1", status="RUNNING", config={"fl.lr": 0.02, "data.alpha": 0.3}, last_result={"round": 2},
+                             get_error=lambda: RuntimeError("Traceback (most recent call last):\nValueError: boom"))
+    TrialProgress(sweep).on_trial_error(0, [done, failed], failed)
+    assert progress[-1] == "t_1 data.alpha=0.3 fl.lr=0.02: error: ValueError: boom (after round 2) (2 / 12 trials done)"
 
 
 def test_progress_lines_name_the_trial_its_swept_values_and_the_round(tmp_path):
