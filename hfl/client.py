@@ -103,6 +103,10 @@ class FunctionalModel:
     def forward_exits(self, x: Tensor) -> list[Tensor]:
         return functional_call(self._exits, {f"model.{k}": v for k, v in self._weights.items()}, (x,))
 
+    def modules(self) -> Iterator[nn.Module]:
+        """The structure's modules: hooks registered on them (HeteroFL's scaler) act on this call too."""
+        return self._model.modules()
+
 
 class Precision:
     """What Lightning's precision plugins do around a training step, for the drivers that do not run
@@ -347,11 +351,12 @@ def trains_together(method: Method, task: ClientTask) -> bool:
     by the client's labels, nothing uploaded beside the weights)."""
     objective = getattr(type(method).objective, "vectorisable", False)
     default = objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
+    # Classes narrowed by the client's labels (HeteroFL's masking trick) are per client, and kept.
     # 16-mixed's gradient scaler skips a step when any gradient overflowed, and clipping by norm
     # takes one norm over what the optimiser holds: stacked clients would skip and clip together.
     train = task.ctx.train
     per_client_step = train.precision == "16-mixed" or train.gradient_clip_val > 0 or train.accumulate_grad_batches > 1 or train.callbacks
-    return default and not (task.spec.masks or task.peers or task.present_classes_only or per_client_step)
+    return default and not (task.spec.masks or task.peers or per_client_step)
 
 
 def train_clients_together(
@@ -360,9 +365,10 @@ def train_clients_together(
     tasks: Sequence[ClientTask],
     global_state: StateDict,
     batches: Sequence[ClientBatches],
+    classes: Sequence[Tensor] | None = None,
 ) -> list[ClientUpdate]:
     """Train `tasks` (one sub-model shape, equal sample counts, one round's settings, each
-    `trains_together`) at once: their weights stacked along a new first dimension, the method's
+    `trains_together`; `classes`: the labels in each client's data) at once: their weights stacked along a new first dimension, the method's
     objective vectorised over it with `torch.func.vmap`, one optimiser over the stacked weights.
     Every step takes each client's own next batch, so each client sees exactly the batches and
     updates it would see alone (SGD and Adam act element-wise); the results agree with
@@ -382,15 +388,18 @@ def train_clients_together(
     params = {k: v.requires_grad_(k not in frozen) for k, v in stacked.items() if k in parameter_names}
     buffers = {k: v for k, v in stacked.items() if k not in parameter_names}
     initial = {k: v.detach().clone() for k, v in params.items() if k not in frozen}
+    # Each client's labels, padded to one length by repeating its first (the objective uses them as a set).
+    longest = max((len(c) for c in classes), default=0) if classes is not None else 0
+    labels = torch.stack([torch.cat([c, c[:1].expand(longest - len(c))]) for c in classes]).to(device) if longest else None
     optimizer = client_optimizer([p for k, p in params.items() if k not in frozen], tasks[0].ctx.train)
     exits = _Calls(model, "forward_exits")
 
-    def loss(p: StateDict, b: StateDict, initial_weights: StateDict, x: Tensor, y: Tensor) -> Tensor:
+    def loss(p: StateDict, b: StateDict, initial_weights: StateDict, client_labels: Tensor | None, x: Tensor, y: Tensor) -> Tensor:
         client = SimpleNamespace(model=FunctionalModel(model, exits, {**p, **b}), initial=initial_weights, task=tasks[0],
-                                 trainable_parameters=lambda: [(n, w) for n, w in p.items() if n not in frozen])
+                                 classes=client_labels, trainable_parameters=lambda: [(n, w) for n, w in p.items() if n not in frozen])
         return method.objective(client, x, y)["loss"]
 
-    vectorised = vmap(loss, randomness="different")
+    vectorised = vmap(loss, in_dims=(0, 0, 0, None if labels is None else 0, 0, 0), randomness="different")
     precision = Precision(tasks[0].ctx.train.precision, device)
     loss_sum = torch.zeros(len(tasks), device=device)
     steps = 0
@@ -402,7 +411,7 @@ def train_clients_together(
                 x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
                 optimizer.zero_grad(set_to_none=True)
                 with precision.autocast():
-                    losses = vectorised(params, buffers, initial, x, y)
+                    losses = vectorised(params, buffers, initial, labels, x, y)
                 precision.backward(losses.sum())
                 precision.step(optimizer, tasks[0].ctx.train)
                 loss_sum += losses.detach()
@@ -415,5 +424,8 @@ def train_clients_together(
     updates = []
     for i, task in enumerate(tasks):
         trained = {k: v[i].detach() for k, v in stacked.items()}
-        updates.append(client_update(task, received[i], trained, mean_losses[i], measured_peak, seconds))
+        held = task.spec
+        if task.present_classes_only and classes is not None:
+            held = hold_rows(held, trained, model.classifier_keys(), classes[i].cpu())
+        updates.append(client_update(task, received[i], trained, mean_losses[i], measured_peak, seconds, held))
     return updates

@@ -355,7 +355,8 @@ class ClientEnvironment:
     def train_together(self, global_state: StateDict, tasks: Sequence[ClientTask]) -> list[ClientUpdate]:
         """Train tasks of one `together_key` as one vectorised model (see `train_clients_together`)."""
         model = self.model(tasks[0].spec)
-        updates = train_clients_together(model, self.method, tasks, global_state, [self.batches(t) for t in tasks])
+        classes = [self.labels_of(t.ctx.client_id) for t in tasks]
+        updates = train_clients_together(model, self.method, tasks, global_state, [self.batches(t) for t in tasks], classes)
         for task, update in zip(tasks, updates):
             update.metrics.update(self.cost_metrics(task))
         return updates
@@ -381,15 +382,17 @@ class ClientEnvironment:
     def _client_parts(self, task: ClientTask) -> tuple[nn.Module, ClientBatches, Tensor, Callable[[], nn.Module]]:
         """The model of the task's shape, the client's batches, the labels in its data, and a
         builder of peer models."""
-        ctx = task.ctx
-        if ctx.client_id not in self._classes:  # a partition never changes: once per client
-            self._classes[ctx.client_id] = torch.unique(self.train_y[self.partitions[ctx.client_id].to(self.device)])
-
         def peer() -> nn.Module:
             return self.method.client_model(task.spec).to(self.device)
 
         batches = self.batches(task)
-        return self.model(task.spec), batches, self._classes[ctx.client_id], peer
+        return self.model(task.spec), batches, self.labels_of(task.ctx.client_id), peer
+
+    def labels_of(self, client: int) -> Tensor:
+        """The labels present in `client`'s data (a partition never changes: found once per client)."""
+        if client not in self._classes:
+            self._classes[client] = torch.unique(self.train_y[self.partitions[client].to(self.device)])
+        return self._classes[client]
 
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
         """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""

@@ -17,11 +17,11 @@ from tests.conftest import small_config
 
 
 def environment_and_tasks(clients: int = 4, **sections):
-    config = small_config(data={"name": "digits", "partition": "iid"}, fl={"clients": 8, "local_epochs": 2}, **sections)
+    config = small_config(**{"data": {"name": "digits", "partition": "iid"}, "fl": {"clients": 8, "local_epochs": 2}, **sections})
     env = ClientEnvironment.from_config(config)
     state = initial_state(config, env).global_state
     settings = train_settings(config.fl, 1)
-    tasks = [env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, None), {}) for c in range(clients)]
+    tasks = [env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), {}) for c in range(clients)]
     return env, state, tasks
 
 
@@ -33,20 +33,37 @@ def float64():
     torch.set_default_dtype(previous)
 
 
+# HeteroFL and FedRolex at half width (the scaler active) on two labels per client (the masking trick
+# and the rows each client holds differ per client).
+HALF_WIDTH_TWO_LABELS = {"budgets": {"scenario": "tiers", "memory": ["width:1/2"]},
+                         "data": {"name": "digits", "partition": "pathological", "labels_per_client": 2}}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.5}, {"name": "depthfl"}], ids=lambda m: m["name"])
-def test_training_together_is_training_one_by_one(float64, method):
+@pytest.mark.parametrize(("method", "sections"), [({"name": "fedavg"}, {}), ({"name": "fedprox", "mu": 0.5}, {}), ({"name": "depthfl"}, {}),
+                                                  ({"name": "heterofl", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
+                                                  ({"name": "fedrolex", "masked_ce": True}, HALF_WIDTH_TWO_LABELS)],
+                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex"])
+def test_training_together_is_training_one_by_one(float64, method, sections):
     # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
     # the same batches, the same steps, the same optimiser arithmetic for every client; FedProx's
-    # proximal term from each client's own starting weights, DepthFL's exits and their distillation.
-    env, state, tasks = environment_and_tasks(model={"name": "preresnet20"}, method=method)
-    assert trains_together(env.method, tasks[0])
+    # proximal term from each client's own starting weights, DepthFL's exits and their distillation,
+    # HeteroFL's scaler and each client's own classes.
+    env, state, tasks = environment_and_tasks(clients=8, model={"name": "preresnet20"}, method=method, **sections)
+    assert all(trains_together(env.method, t) for t in tasks)
+    keys = [env.together_key(t) for t in tasks]
+    tasks = [t for t, k in zip(tasks, keys) if k == max(keys, key=keys.count)]  # the largest group of one shape and size
+    assert len(tasks) >= 2
+    if sections:
+        assert tasks[0].level == "x0.5" and tasks[0].present_classes_only
+        assert len({tuple(env.labels_of(t.ctx.client_id).tolist()) for t in tasks}) > 1
     env.train_x = env.train_x.double()
     state = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
     alone = [env.train(state, task) for task in tasks]
     together = env.train_together(state, tasks)
     for a, b in zip(alone, together, strict=True):
         assert a.client_id == b.client_id and a.state.keys() == b.state.keys()
+        assert a.spec.masks.keys() == b.spec.masks.keys() and all(torch.equal(a.spec.masks[k], b.spec.masks[k]) for k in a.spec.masks)
         assert a.metrics["train_loss"] == pytest.approx(b.metrics["train_loss"], rel=1e-12)
         for key in a.state:
             assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-12), key
@@ -55,7 +72,7 @@ def test_training_together_is_training_one_by_one(float64, method):
 
 
 def test_only_objectives_marked_vectorisable_in_one_stage_train_together():
-    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", False), ("fedepth", False), ("fjord", False)]:
+    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", False), ("fjord", False)]:
         env, _, tasks = environment_and_tasks(clients=1, method={"name": name}, model={"name": "preresnet20"})
         assert trains_together(env.method, tasks[0]) is expected, name
 
@@ -72,7 +89,8 @@ def test_batch_clients_runs_match_one_by_one(tmp_path):
 def test_methods_that_cannot_train_together_run_one_by_one_unchanged(tmp_path):
     runs = {}
     for size in (1, 4):
-        config = small_config(method={"name": "heterofl"}, budgets={"scenario": "fair"}, backend={"batch_clients": size})
+        config = small_config(method={"name": "fjord"}, model={"name": "preresnet20"}, budgets={"scenario": "fair"},
+                              backend={"batch_clients": size})
         run_experiment(config, tmp_path / str(size))
         runs[size] = (tmp_path / str(size) / "summary.json").read_text()
     strip = lambda text: [line for line in text.splitlines() if "seconds" not in line]

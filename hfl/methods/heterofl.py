@@ -19,11 +19,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import check
-from hfl.methods.base import Client, LadderConfig, Method, MethodState, Resources
+from hfl.methods.base import Client, LadderConfig, Method, MethodState, Resources, vectorisable
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, width_spec
@@ -92,12 +93,13 @@ class HeteroFL(Method):
     def level_spec(self, rate: float) -> SubmodelSpec:
         return width_spec(self.model, self.model.width * rate)
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         with scaling(client.model, self.config.scaler, client.task.options.rate):
             logits = client.model(x)
         if self.config.masked_ce and client.classes is not None:
-            present = logits.new_zeros(logits.shape[1], dtype=bool)
-            present[client.classes] = True
+            # Out of place (no index assignment), so that it vectorises over clients (vmap).
+            present = (client.classes.view(-1, 1) == torch.arange(logits.shape[1], device=logits.device)).any(0)
             # Classes run along dim 1; a language model's logits have positions after them.
             logits = logits.masked_fill(~present.view(-1, *[1] * (logits.dim() - 2)), 0.0)
         return {"loss": F.cross_entropy(logits, y)}
