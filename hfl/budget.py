@@ -53,7 +53,13 @@ def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, rou
 
 
 def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
-    """What the method asks of the first client of each tier in round 1, with its estimated peak."""
+    """What the method asks of the first client of each tier in round 1, with its estimated peak and,
+    with devices, the simulated seconds it would take on that client's device (docs/time.md)."""
+    from hfl.simulation.devices import assign_devices
+    from hfl.simulation.estimate import expected_time
+
+    devices = assign_devices(config)
+    initial = env.method.initial_global_state() if devices else None
     rows: dict[str, dict[str, Any]] = {}
     for client, budget in enumerate(env.budgets):
         if budget is None or budget.tier in rows:
@@ -67,6 +73,9 @@ def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[st
             "plan": "sits out: nothing fits" if task is None else describe_task(task),
             "peak_bytes": None if cost is None else cost.peak_bytes,
         }
+        if devices and task is not None:
+            t = expected_time(env.method, task, initial, devices[client])
+            rows[budget.tier].update({"client": client, "down_s": t.down_s, "compute_s": t.compute_s, "up_s": t.up_s, "round_s": t.finish})
     return sorted(rows.values(), key=lambda r: r["budget_bytes"] or 0)
 
 

@@ -352,8 +352,11 @@ def command_budget(args: argparse.Namespace) -> int:
                     [[t["tier"], t["clients"], t["memory"], mib(t["memory_bytes"]), mib(t["upload_bytes"]), t["flops"] or "-"] for t in report["tiers"]]))
     if report["plans"]:
         print(f"\nWhat a client of each tier trains ({config.method.name}, round 1)")
-        print(table(["tier", "budget", "estimated peak", "trains"],
-                    [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"]] for p in report["plans"]]))
+        timed = any("round_s" in p for p in report["plans"])  # with devices: simulated seconds on the tier's first client's device
+        print(table(["tier", "budget", "estimated peak", "trains", *(["client", "down s", "compute s", "up s", "round s"] if timed else [])],
+                    [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"],
+                      *([p.get("client", "-"), *(f"{p[k]:.3g}" if k in p else "-" for k in ("down_s", "compute_s", "up_s", "round_s"))] if timed else [])]
+                     for p in report["plans"]]))
     if report.get("levels"):
         title = f"{report['levels_title']}; " if report.get("levels_title") else ""
         print(f"\nSub-models of {config.method.name} ({title}FLOPs: forward, per sample; memory: training)")

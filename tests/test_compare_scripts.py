@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "experiments").glob("*/compare.sh"))
 PER_CONSTRAINT = {"caff_table1", "caff_table2"}
 """CAFF's grids name runs by constraint and method and choose each baseline's family member (own tests below)."""
-ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT]
+SHARED_CONFIG = {"time_to_accuracy"}
+"""Runs of one config with different overrides (tests/test_simulation.py checks them)."""
+ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT | SHARED_CONFIG]
 
 
 def calls_of(script, tmp_path, *args, env=None):
@@ -32,7 +34,7 @@ def calls_of(script, tmp_path, *args, env=None):
 
 def test_every_comparison_script_is_checked():
     assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "fedmef_table1", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory",
-                                                "lm_pretrained_vs_random", *PER_CONSTRAINT}
+                                                "lm_pretrained_vs_random", *PER_CONSTRAINT, *SHARED_CONFIG}
 
 
 @pytest.mark.parametrize("script", ONE_RUN_PER_CONFIG, ids=lambda s: s.parent.name)

@@ -4,6 +4,7 @@ and the errors of bad device input (hfl.simulation, docs/time.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -220,3 +221,40 @@ def test_overselect_keeps_the_first_to_finish_and_the_report_and_progress_show_s
     assert f"sim={record['sim_end_s']:.1f}s" in capsys.readouterr().err
     report = write_report([str(tmp_path / "run")], tmp_path / "report").read_text()
     assert "| run | method | seeds | simulated s | time to 0.1 |" in report and (tmp_path / "report" / "accuracy_by_time.png").is_file()
+
+
+def test_the_time_to_accuracy_comparison_runs_each_policy_and_method_once_per_seed_on_the_same_devices(tmp_path):
+    from tests.conftest import ROOT
+    from tests.test_compare_scripts import calls_of
+
+    calls = calls_of(ROOT / "experiments" / "time_to_accuracy" / "compare.sh", tmp_path, "--seeds", "0,1,2", "fl.rounds=2")
+    runs, report = calls[:-1], calls[-1]
+    names = ["fedavg_sync", "fedavg_deadline", "heterofl", "fedepth", "depthfl", "fedbuff_fedavg", "fedbuff_heterofl"]
+    assert [c[-1] for c in runs] == [str(tmp_path / "out" / f"{n}-seed{s}") for n in names for s in (0, 1, 2)]
+    devices = {c for c in runs[0] if c.startswith(("devices.", "budgets."))}
+    for call in runs:
+        assert {c for c in call if c.startswith(("devices.", "budgets."))} == devices and "fl.rounds=2" in call
+        name = Path(call[-1]).name.rsplit("-", 1)[0]
+        policy = "async" if name.startswith("fedbuff") else "deadline" if name.endswith("deadline") else "sync"
+        assert ("fl.round_policy=" + policy in call) == (policy != "sync")
+        assert f"method.name={name.split('_')[-1] if name.startswith('fedbuff') else name.split('_')[0]}" in call
+    assert report[0] == "report" and len(report[1:-2]) == 21
+
+
+def test_hfl_budget_gives_each_tier_the_seconds_its_round_one_takes(tmp_path):
+    from hfl.budget import budget_report
+    from hfl.experiment import ClientEnvironment
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    config = small_config(method={"name": "heterofl"}, fl={"rounds": 1, "fraction": 1.0},
+                          budgets={"scenario": "tiers", "memory": ["width:1/4", "width:1"], "names": ["slow", "fast"]},
+                          devices={"source": "tiers", "speed": ["1e8", "2e9"], "down": ["250kB", "4MB"], "up": ["100kB", "2MB"]})
+    plans = budget_report(config, ClientEnvironment.from_config(config))["plans"]
+    run_experiment(config, tmp_path / "run")
+    recorded = {c["id"]: c for c in read_metrics(tmp_path / "run")[0]["clients"]}
+    assert [p["tier"] for p in plans] == ["slow", "fast"] and plans[0]["round_s"] > plans[1]["round_s"]
+    for plan in plans:
+        client = recorded[plan["client"]]
+        assert (plan["down_s"], plan["compute_s"]) == (client["sim_down_s"], client["sim_compute_s"])
+        assert plan["up_s"] >= client["sim_up_s"]  # HeteroFL sends back only the classifier rows of the classes the client holds

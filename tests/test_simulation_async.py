@@ -128,3 +128,29 @@ def test_async_resumed_after_sigkill_equals_the_uninterrupted_run_event_queue_in
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["global_state"]
     b = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["global_state"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_async_on_ray_equals_async_locally(tmp_path):
+    """The clock reads only the recorded counts, so the timeline, the arrivals and the numbers agree."""
+    import ray
+
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    fl = {"rounds": 3, "clients": 6, "round_policy": "async", "async_concurrency": 3, "async_buffer": 2}
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 1.0}
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        run_experiment(small_config(fl=fl, devices=devices), tmp_path / "local")
+        run_experiment(small_config(fl=fl, devices=devices, backend={"name": "ray", "device": "cpu"}), tmp_path / "ray")
+    finally:
+        if started:
+            ray.shutdown()
+    from tests.test_simulation import drop_wall
+
+    local = drop_wall(read_metrics(tmp_path / "local"))
+    remote = [r | {"clients": [{k: v for k, v in c.items() if not k.startswith("ray_")} for c in r["clients"]]} for r in drop_wall(read_metrics(tmp_path / "ray"))]
+    assert remote == local and any(s for r in local for s in r["staleness"])

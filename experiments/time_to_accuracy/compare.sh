@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Which method reaches an accuracy first in simulated time on the same devices (docs/time.md)? Every
+# run into OUT/<run> (OUT/<run>-seed<k> with `--seeds 0,1,2`), then `hfl report` of them into
+# OUT/report: accuracy against simulated time, time to 0.8 and 0.9 (mean ± std over seeds).
+# Arguments after the seeds are overrides applied to every run:
+#   experiments/time_to_accuracy/compare.sh runs/tta --seeds 0,1,2                          # digits, CPU, a few minutes
+#   experiments/time_to_accuracy/compare.sh runs/tta_fmnist --seeds 0,1,2 data.name=fashion_mnist fl.time_targets=[0.7,0.8]
+# The setting is the quickstart (digits, 20 clients, half per round, 3 local epochs, 20 rounds) on three
+# device classes, which are the budget tiers (a third of the clients each; spread: log-normal, sigma 0.3):
+#   slow: memory of training the CNN at width 1/4, 1e8 FLOP/s, 250 kB/s down, 100 kB/s up
+#   mid:  width 1/2, 5e8 FLOP/s, 1 MB/s down, 500 kB/s up
+#   fast: width 1, 2.5e9 FLOP/s, 4 MB/s down, 2 MB/s up
+# A full-model client-round (about 4e8 FLOPs, 78 kB each way) takes about 5 s on a slow device, 0.3 s on a fast one.
+set -euo pipefail
+here=$(dirname "$0")
+source "$here/../compare_lib.sh"
+parse_comparison "$@"
+quickstart="$here/../quickstart.yaml"
+setting=(fl.time_targets=[0.8,0.9] budgets.scenario=tiers "budgets.memory=[width:1/4,width:1/2,width:1]" budgets.names=[slow,mid,fast]
+         devices.source=tiers devices.speed=[1e8,5e8,2.5e9] devices.down=[250kB,1MB,4MB] devices.up=[100kB,500kB,2MB] devices.spread=0.3)
+fedbuff=(fl.round_policy=async fl.async_concurrency=10 fl.async_buffer=5 fl.rounds=40)  # 40 steps of 5: the client work of 20 rounds of 10
+run_method fedavg_sync "$quickstart" "${setting[@]}" method.name=fedavg "${overrides[@]}"
+run_method fedavg_deadline "$quickstart" "${setting[@]}" method.name=fedavg fl.round_policy=deadline fl.deadline_s=1.5 "${overrides[@]}"
+run_method heterofl "$quickstart" "${setting[@]}" method.name=heterofl "${overrides[@]}"
+run_method fedepth "$quickstart" "${setting[@]}" method.name=fedepth "${overrides[@]}"
+run_method depthfl "$quickstart" "${setting[@]}" method.name=depthfl "${overrides[@]}"
+run_method fedbuff_fedavg "$quickstart" "${setting[@]}" method.name=fedavg "${fedbuff[@]}" "${overrides[@]}"
+run_method fedbuff_heterofl "$quickstart" "${setting[@]}" method.name=heterofl "${fedbuff[@]}" "${overrides[@]}"
+write_report
