@@ -201,6 +201,7 @@ def test_a_run_never_selects_an_offline_device_and_drops_one_that_leaves_mid_rou
     assert record["sim_end_s"] == max(c["sim_finish_s"] for c in record["clients"] if c["id"] != 3)
 
 
+@pytest.mark.slow
 def test_overselect_keeps_the_first_to_finish_and_the_report_and_progress_show_simulated_time(tmp_path, capsys):
     from hfl.cli import RoundProgress
     from hfl.loggers import read_metrics
