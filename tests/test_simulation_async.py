@@ -154,3 +154,10 @@ def test_async_on_ray_equals_async_locally(tmp_path):
     local = drop_wall(read_metrics(tmp_path / "local"))
     remote = [r | {"clients": [{k: v for k, v in c.items() if not k.startswith("ray_")} for c in r["clients"]]} for r in drop_wall(read_metrics(tmp_path / "ray"))]
     assert remote == local and any(s for r in local for s in r["staleness"])
+
+
+def test_a_step_in_which_every_online_client_sits_out_ends_instead_of_waiting_forever():
+    rounds, _, train = fake_rounds([1.0, 2.0], concurrency=2, buffer=1)
+    arrivals, ended, fields, skipped, _ = rounds.step({"w": torch.zeros(1)}, lambda client: None, train)
+    assert (arrivals, ended, fields["staleness"], rounds.version) == ([], [], [], 1)
+    assert sorted(s["id"] for s in skipped) == [0, 1]

@@ -120,7 +120,6 @@ class FedBuffRounds:
                 tasks.append(task)
         if not tasks:
             return
-        received = {t.ctx.client_id: global_state for t in tasks}
         updates, failures = train(global_state, tasks)
         failed.extend(failures)
         for update in updates:
@@ -130,7 +129,7 @@ class FedBuffRounds:
             leaves = self.devices[update.client_id].online_until(self.now)
             if t.finish > leaves:
                 update.metrics.update({"dropped": "offline", "dropped_at_s": leaves})
-            sent = delta(update, extract_for(update, received[update.client_id]))
+            sent = delta(update, extract_for(update, global_state))
             heapq.heappush(self.in_flight, InFlight(min(t.finish, leaves), update.client_id, self.version, sent))
 
     def step(self, global_state: StateDict, plan: Callable[[int], ClientTask | None], train: Train
@@ -142,8 +141,11 @@ class FedBuffRounds:
         skipped: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         while len(arrivals) < self.buffer_size:
+            before = len(skipped) + len(failed)
             self._refill(global_state, plan, train, skipped, failed)
             if not self.in_flight:
+                if len(skipped) + len(failed) > before:  # every client online now sat out or failed: a step with what arrived, not a spin
+                    break
                 self.now = wait_for_devices(self.devices, math.nextafter(self.now, math.inf))
                 continue
             entry = heapq.heappop(self.in_flight)
