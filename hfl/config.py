@@ -319,7 +319,8 @@ class DevicesConfig:
 
     source: str = "none"
     """none (no simulated time), tiers (`speed`, `down`, `up`: one entry per budget tier, or one entry
-    for every client without budgets) or trace (`trace`)."""
+    for every client without budgets), trace (`trace` in hfl's format) or fedscale (`trace`: FedScale's
+    device-capacity pickle; `behaviour`: its availability trace, optional)."""
     speed: tuple[str, ...] = ()
     """tiers: training speed in FLOP/s (e.g. 2e9), one per tier."""
     down: tuple[str, ...] = ()
@@ -332,12 +333,14 @@ class DevicesConfig:
     trace: str = ""
     """trace: a JSON or CSV file in hfl's device format (docs/time.md), or `synthetic` for the
     100-device trace shipped with hfl (hfl/simulation/synthetic_trace.json)."""
+    behaviour: str = ""
+    """fedscale: FedScale's client behaviour (availability) trace, a pickle; empty: always online."""
     mapping: str = "auto"
     """trace: by_id (a trace device's id is a client id; every client needs one), cycle (client c gets
-    the (c mod D)-th of the D devices in id order) or auto (cycle for `synthetic`, else by_id)."""
+    the (c mod D)-th of the D devices in id order) or auto (cycle for `synthetic` and fedscale, else by_id)."""
 
     def __post_init__(self) -> None:
-        check_choice("source", self.source, ("none", "tiers", "trace"))
+        check_choice("source", self.source, ("none", "tiers", "trace", "fedscale"))
         check_choice("mapping", self.mapping, ("auto", "by_id", "cycle"))
         tiers = self.source == "tiers"
         for name in ("speed", "down", "up"):
@@ -353,7 +356,9 @@ class DevicesConfig:
         check(len(self.down) == len(self.speed) == len(self.up), "down", list(self.down),
               f"as many entries as speed ({len(self.speed)}), and so up")
         check(self.spread >= 0 and math.isfinite(self.spread), "spread", self.spread, "a number >= 0")
-        check(bool(self.trace) == (self.source == "trace"), "trace", self.trace, "a file (or synthetic) exactly when source is trace")
+        check(bool(self.trace) == (self.source in ("trace", "fedscale")), "trace", self.trace,
+              "a file (or synthetic) exactly when source is trace or fedscale")
+        check(not self.behaviour or self.source == "fedscale", "behaviour", self.behaviour, "empty unless source is fedscale")
 
     @property
     def enabled(self) -> bool:

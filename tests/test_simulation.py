@@ -259,3 +259,26 @@ def test_hfl_budget_gives_each_tier_the_seconds_its_round_one_takes(tmp_path):
         client = recorded[plan["client"]]
         assert (plan["down_s"], plan["compute_s"]) == (client["sim_down_s"], client["sim_compute_s"])
         assert plan["up_s"] >= client["sim_up_s"]  # HeteroFL sends back only the classifier rows of the classes the client holds
+
+
+def test_fedscale_traces_give_seconds_per_sample_bandwidth_and_availability_and_refuse_objects(tmp_path, capsys):
+    import datetime
+    import pickle
+
+    from hfl.simulation.devices import read_fedscale
+
+    # FedScale's units: inference ms per sample (training: 3x), kbit/s of 1024 bits; behaviour: active/inactive pairs, period finish_time
+    capacity, behaviour = tmp_path / "client_device_capacity", tmp_path / "client_behave_trace"
+    capacity.write_bytes(pickle.dumps({7: {"computation": 20.0, "communication": 800.0}, 3: {"computation": 100.0, "communication": 8000.0}}))
+    behaviour.write_bytes(pickle.dumps({1: {"active": [0, 50], "inactive": [10, 100], "finish_time": 100, "duration": 60, "model": "x"}}))
+    devices = read_fedscale(capacity, behaviour)
+    # ids in order (3, 7) become devices 0 and 1; both take the one behaviour trace
+    assert devices[0] == Device(None, 8000 * 128, 8000 * 128, 0.3, ((0, 10), (50, 100)), 100.0)
+    assert devices[1].seconds_per_sample == pytest.approx(0.06) and devices[1].down == 800 * 128
+    t = client_time(devices[1], {"id": 1, "flops": 1e9, "bytes_down": 102400, "bytes_up": 51200, "num_samples": 50}, 0.0, local_epochs=2)
+    assert (t.down_s, t.compute_s, t.up_s) == (1.0, pytest.approx(6.0), 0.5)  # 100 kB at 100 kB/s; 0.06 s x 50 x 2; 50 kB
+    assert devices[0].online_until(60) == 110 and devices[0].online_until(120) is None
+    # a pickle naming any class could run code: refused in one line naming the field
+    capacity.write_bytes(pickle.dumps({1: {"computation": datetime.timedelta(1), "communication": 1.0}}))
+    code, lines = run_cli(tmp_path, capsys, "devices.source=fedscale", f"devices.trace={capacity}")
+    assert code == 2 and lines[-1].startswith("hfl: error: devices.trace=") and "only dicts, lists, numbers and strings" in lines[-1]

@@ -13,8 +13,10 @@ with `period` > 0 the intervals repeat every `period` seconds.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,12 +147,16 @@ def read_trace(path: str | Path) -> dict[int, Device]:
 
 
 def trace_devices(config: ExperimentConfig) -> list[Device]:
-    """Every client's device from the trace `devices.trace`, mapped as `devices.mapping` says."""
+    """Every client's device from the trace `devices.trace` (hfl's or FedScale's), mapped as `devices.mapping` says
+    (FedScale's client ids are renumbered 0..D-1 in their order)."""
     spec = config.devices
     synthetic = spec.trace == "synthetic"
-    devices = read_trace(SYNTHETIC_TRACE if synthetic else spec.trace)
+    if spec.source == "fedscale":
+        devices = read_fedscale(spec.trace, spec.behaviour or None)
+    else:
+        devices = read_trace(SYNTHETIC_TRACE if synthetic else spec.trace)
     clients = config.fl.clients
-    mapping = spec.mapping if spec.mapping != "auto" else ("cycle" if synthetic else "by_id")
+    mapping = spec.mapping if spec.mapping != "auto" else ("cycle" if synthetic or spec.source == "fedscale" else "by_id")
     if mapping == "cycle":
         ordered = [devices[i] for i in sorted(devices)]
         return [ordered[c % len(ordered)] for c in range(clients)]
@@ -163,6 +169,67 @@ def trace_devices(config: ExperimentConfig) -> list[Device]:
         raise ConfigError("devices.trace", spec.trace, f"a device for every client 0..{clients - 1} under devices.mapping=by_id "
                           f"(it lacks {missing[:5]}; devices.mapping=cycle hands its devices to the clients in turn)")
     return [devices[c] for c in range(clients)]
+
+
+FEDSCALE_TRAINING_FACTOR = 3.0
+"""FedScale's capacity trace gives inference milliseconds per sample; a training step (forward and
+backward) counts as 3 of them, as FedScale's simulator does."""
+FEDSCALE_KBIT = 1024 / 8
+"""Bytes per second in one kbit/s of FedScale's `communication` (its sizes are kbit of 1024 bits)."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, numbers and strings only: a trace is data, and a pickle naming any class
+    could run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def read_pickle(path: str | Path, field: str, allowed: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(field, str(path), f"{allowed}: no such file")
+    try:
+        return _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (pickle.UnpicklingError, EOFError, ValueError) as error:
+        raise ConfigError(field, str(path), f"{allowed} holding only dicts, lists, numbers and strings ({error})") from None
+
+
+def read_fedscale(capacity: str | Path, behaviour: str | Path | None = None) -> dict[int, Device]:
+    """Devices from FedScale's traces (docs/time.md): the device-capacity pickle {client id:
+    {"computation": inference ms per sample, "communication": kbit/s}} and, optionally, the behaviour
+    pickle {client id: {"active": [starts], "inactive": [ends], "finish_time": period, ...}}."""
+    allowed = "FedScale's client_device_capacity pickle: {client id: {'computation': ms, 'communication': kbit/s}}"
+    entries = read_pickle(capacity, "devices.trace", allowed)
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigError("devices.trace", str(capacity), allowed)
+    traces: dict[Any, Any] = {}
+    behaviour_allowed = "FedScale's client_behave_trace pickle: {client id: {'active': [...], 'inactive': [...], 'finish_time': s}}"
+    if behaviour:
+        traces = read_pickle(behaviour, "devices.behaviour", behaviour_allowed)
+        if not isinstance(traces, dict) or not traces:
+            raise ConfigError("devices.behaviour", str(behaviour), behaviour_allowed)
+    devices: dict[int, Device] = {}
+    for i, (key, entry) in enumerate(sorted(entries.items())):
+        where = f"{Path(capacity).name}, client {key}"
+        if not isinstance(entry, dict):
+            raise ConfigError("devices.trace", entry, f"{{'computation': ms, 'communication': kbit/s}} ({where})")
+        per_sample = _number(entry.get("computation"), "devices.trace computation", where) * FEDSCALE_TRAINING_FACTOR / 1000
+        bandwidth = _number(entry.get("communication"), "devices.trace communication", where) * FEDSCALE_KBIT
+        online: tuple[tuple[float, float], ...] = ()
+        period = 0.0
+        if traces:  # FedScale pairs the i-th capacity with the i-th behaviour trace, in turn
+            trace = traces[sorted(traces)[i % len(traces)]]
+            where = f"{Path(behaviour).name}, client {sorted(traces)[i % len(traces)]}"
+            try:
+                pairs = [[float(a), float(b)] for a, b in zip(trace["active"], trace["inactive"], strict=True) if float(b) > float(a)]
+                period = _number(trace["finish_time"], "devices.behaviour finish_time", where)
+            except (KeyError, TypeError, ValueError):
+                raise ConfigError("devices.behaviour", str(behaviour), f"{behaviour_allowed} ({where})") from None
+            online = _intervals(pairs, "devices.behaviour active", where)
+        devices[i] = Device(None, bandwidth, bandwidth, per_sample, online, period)
+    return devices
 
 
 def client_tiers(config: ExperimentConfig) -> list[int]:
