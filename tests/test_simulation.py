@@ -282,3 +282,19 @@ def test_fedscale_traces_give_seconds_per_sample_bandwidth_and_availability_and_
     capacity.write_bytes(pickle.dumps({1: {"computation": datetime.timedelta(1), "communication": 1.0}}))
     code, lines = run_cli(tmp_path, capsys, "devices.source=fedscale", f"devices.trace={capacity}")
     assert code == 2 and lines[-1].startswith("hfl: error: devices.trace=") and "only dicts, lists, numbers and strings" in lines[-1]
+
+
+@pytest.mark.slow
+def test_a_resumed_deadline_run_keeps_its_clock(tmp_path):
+    import dataclasses
+
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    config = small_config(fl={"rounds": 4, "clients": 10, "round_policy": "deadline", "deadline_s": 2000.0},
+                          devices={"source": "trace", "trace": "synthetic"})
+    run_experiment(config, tmp_path / "full")
+    run_experiment(dataclasses.replace(config, fl=dataclasses.replace(config.fl, rounds=2)), tmp_path / "cut")
+    run_experiment(config, tmp_path / "cut", resume=True)
+    full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert drop_wall(cut) == drop_wall(full) and full[2]["sim_start_s"] > 0
