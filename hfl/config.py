@@ -223,6 +223,9 @@ class FLConfig:
     """async: arrivals per server step (FedBuff's K); 0: half of `async_concurrency`, at least 1."""
     time_targets: tuple[float, ...] = ()
     """Test accuracies whose first simulated time summary.json reports (`time_to_accuracy`), e.g. [0.6, 0.8]."""
+    time_points: tuple[float, ...] = ()
+    """Simulated seconds at which summary.json reports the accuracy reached (`accuracy_at_time`: that of
+    the last scored round ending by then), e.g. [30, 60]."""
 
     def __post_init__(self) -> None:
         check_choice("round_policy", self.round_policy, ROUND_POLICIES)
@@ -233,6 +236,7 @@ class FLConfig:
         check(self.async_concurrency >= 0, "async_concurrency", self.async_concurrency, "an integer >= 0 (0: as many as fraction gives)")
         check(self.async_buffer >= 0, "async_buffer", self.async_buffer, "an integer >= 0 (0: half of async_concurrency)")
         check(all(0 < t <= 1 for t in self.time_targets), "time_targets", list(self.time_targets), "accuracies in (0, 1]")
+        check(all(t > 0 and math.isfinite(t) for t in self.time_points), "time_points", list(self.time_points), "simulated seconds > 0")
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check(0 < self.fraction <= 1, "fraction", self.fraction, "a number in (0, 1]")

@@ -118,17 +118,19 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
         "skipped_client_rounds": sum(len(r.get("skipped_clients", [])) for r in records),
         **resource_summary([c for r in records for c in r["clients"]]),
-        **time_summary(records, config.fl.time_targets),
+        **time_summary(records, config.fl.time_targets, config.fl.time_points),
     }
 
 
-def time_summary(records: list[dict[str, Any]], targets: Sequence[float]) -> dict[str, Any]:
-    """Simulated time of a run with devices: its total, and when the test accuracy first reached each target (None: never)."""
+def time_summary(records: list[dict[str, Any]], targets: Sequence[float], points: Sequence[float] = ()) -> dict[str, Any]:
+    """Simulated time of a run with devices: its total, when the test accuracy first reached each
+    target, and the accuracy reached by each time point (None: never, or no round scored by then)."""
     if not records or "sim_end_s" not in records[-1]:
         return {}
     scored = [(r["sim_end_s"], r["accuracy"]) for r in records if r.get("accuracy") is not None]
     return {"simulated_seconds": records[-1]["sim_end_s"],
-            "time_to_accuracy": {str(t): next((when for when, acc in scored if acc >= t), None) for t in targets}}
+            "time_to_accuracy": {str(t): next((when for when, acc in scored if acc >= t), None) for t in targets},
+            **({"accuracy_at_time": {str(p): next((acc for when, acc in reversed(scored) if when <= p), None) for p in points}} if points else {})}
 
 
 def writable_folder(path: str | Path, field: str) -> Path:

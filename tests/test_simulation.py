@@ -148,9 +148,10 @@ def test_devices_under_sync_change_no_recorded_number_and_time_every_round(tmp_p
     from hfl.loggers import read_metrics
     from hfl.server import run_experiment
 
-    plain = run_experiment(small_config(), tmp_path / "plain")
+    learns = {"lr": 0.1, "local_epochs": 3}  # accuracy changes every round (0.14, 0.48, 0.79 here)
+    plain = run_experiment(small_config(fl=learns), tmp_path / "plain")
     devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 0.5}
-    timed = run_experiment(small_config(devices=devices, fl={"time_targets": [0.3, 0.99]}), tmp_path / "timed")
+    timed = run_experiment(small_config(devices=devices, fl={**learns, "time_targets": [0.3, 0.99], "time_points": [0.05, 100.0]}), tmp_path / "timed")
     without, with_ = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "timed")
     assert drop_time(without) == drop_time(with_)
     assert not any(k.startswith("sim_") for r in without for k in r) and "simulated_seconds" not in plain
@@ -163,6 +164,8 @@ def test_devices_under_sync_change_no_recorded_number_and_time_every_round(tmp_p
     assert timed["simulated_seconds"] == with_[-1]["sim_end_s"]
     reached = [r["sim_end_s"] for r in with_ if r["accuracy"] >= 0.3]
     assert timed["time_to_accuracy"] == {"0.3": reached[0] if reached else None, "0.99": None}
+    by_one_second = [r["accuracy"] for r in with_ if r["sim_end_s"] <= 100.0]
+    assert len(by_one_second) == 3 and with_[0]["sim_end_s"] > 0.05 and timed["accuracy_at_time"] == {"0.05": None, "100.0": by_one_second[-1]}
 
 
 def test_a_deadline_aggregates_only_the_clients_in_time_and_counts_the_stragglers_work(tmp_path, monkeypatch):
