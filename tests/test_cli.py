@@ -56,7 +56,7 @@ def test_config_prints_the_resolved_config_under_each_fields_documentation(capsy
     assert lines[lines.index("  widths: [1.0, 0.5]  # default: [1.0, 0.5, 0.25, 0.125, 0.0625]") - 1].startswith("  # Width rates")
     assert lines[lines.index("  lr_decay: 0.1") - 1] == "  # Factor of each step of the step schedule."  # a default, filled
     undocumented = [line for line, above in zip(lines[1:], lines) if not line.lstrip().startswith("#") and not above.lstrip().startswith("#")]
-    assert undocumented == ["data:", "model:", "fl:", "budgets:", "backend:", "logging:"]  # sections: their fields are
+    assert undocumented == ["data:", "model:", "fl:", "budgets:", "devices:", "backend:", "logging:"]  # sections: their fields are
 
 
 @pytest.mark.parametrize("command", [["run", "exp.yaml"], ["tune", "space.yaml"]])
