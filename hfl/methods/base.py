@@ -25,6 +25,7 @@ from hfl.errors import check, check_choice
 from hfl.models.base import ScalableModel
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level
+from hfl.methods.vectorisable import vectorisable
 from hfl.submodel.spec import SubmodelSpec, extract, full_spec, shape_model
 from hfl.types import ClientTask, ClientUpdate, RoundContext, StateDict
 
@@ -103,16 +104,6 @@ class Resources:
     load_member: Callable[[nn.Module, int], None] | None = None
     """Loads the pretrained family's member with `l` blocks into a model of that depth
     (`model.pretrained=FAMILY:l` names the family; CAFF picks l); None when the run starts from no family."""
-
-
-def vectorisable(objective: Callable[..., dict[str, Tensor]]) -> Callable[..., dict[str, Tensor]]:
-    """Mark a method's `objective` as one that reads of its client only what clients trained
-    together as one vectorised model offer (`hfl.client.train_clients_together`): calling
-    `client.model` and its `forward_exits`, `client.initial`, `client.trainable_parameters()` and
-    the task (whose round and settings the clients share). Such clients train beside others of
-    their sub-model's shape under `backend.batch_clients`."""
-    objective.vectorisable = True  # type: ignore[attr-defined]
-    return objective
 
 
 class Client(Protocol):

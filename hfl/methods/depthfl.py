@@ -32,7 +32,8 @@ from torch import Tensor
 
 from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_distillation
-from hfl.methods.base import Client, LadderConfig, Method, Resources, vectorisable
+from hfl.methods.base import Client, LadderConfig, Method, Resources
+from hfl.methods.vectorisable import vectorisable
 from hfl.models.base import ScalableModel
 from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS

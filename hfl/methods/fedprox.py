@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from hfl.errors import check
-from hfl.methods.base import Client, Method, MethodConfig, vectorisable
+from hfl.methods.base import Client, Method, MethodConfig
+from hfl.methods.vectorisable import vectorisable
 from hfl.registry import METHODS
 
 

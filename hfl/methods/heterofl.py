@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.errors import check
-from hfl.methods.base import Client, LadderConfig, Method, MethodState, Resources, vectorisable
+from hfl.methods.base import Client, LadderConfig, Method, MethodState, Resources
+from hfl.methods.vectorisable import vectorisable
 from hfl.registry import METHODS
 from hfl.submodel.ladder import Level
 from hfl.submodel.spec import SubmodelSpec, width_spec
