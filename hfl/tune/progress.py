@@ -96,7 +96,8 @@ def exploit_text(event: Mapping[str, Any]) -> str:
 class RecordingPBT(PopulationBasedTraining):
     """Tune's PBT that also records each exploit (the trial, the trial it cloned and at which round,
     the swept values before and after) in `exploits`, written to `record_to` (the sweep's
-    exploits.json: results.csv and the trials' wandb runs read it), and logs it as a progress line."""
+    exploits.json: results.csv and the trials' wandb runs read it), and logs it as a progress line.
+    A trial exploited while Tune was still saving it runs all its rounds, as every other does (see `_exploit`)."""
 
     def __init__(self, sweep: Sweep, record_to: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -106,7 +107,15 @@ class RecordingPBT(PopulationBasedTraining):
     def _exploit(self, tune_controller: Any, trial: Trial, trial_to_clone: Trial) -> None:
         before = self.sweep.swept(trial.config)
         source_round = int((self._trial_state[trial_to_clone].last_result or {}).get("round", 0))
+        # Synchronous PBT pauses a trial that reaches the perturbation round before the others with a
+        # save; a trial exploited before that save is back is paused again, and Tune (2.60) drops the
+        # save but keeps the STOP it cached for it (ray-project/ray#57906; fix proposed in #61448),
+        # which ended the restarted trial at its next save: round 3 of 4, TERMINATED, no error.
+        saving = trial.status == Trial.RUNNING and trial.is_saving
         super()._exploit(tune_controller, trial, trial_to_clone)
+        if saving and trial.status == Trial.PAUSED:
+            # pause_trial forgets the trial's cached decision; a paused trial without an actor stays as it is.
+            tune_controller.pause_trial(trial, should_checkpoint=False)
         event = {"trial": trial.trial_id, "source": trial_to_clone.trial_id, "round": source_round,
                  "from": before, "to": self.sweep.swept(trial.config)}
         self.exploits.setdefault(trial.trial_id, []).append(event)
