@@ -29,19 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from hfl.config import ExperimentConfig, config_from_dict, experiment_values, flatten, read_yaml_mapping
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.yaml_loader import set_dotted
 
-if TYPE_CHECKING:
-    from ray.tune import ResultGrid
+if TYPE_CHECKING:  # Ray stays in hfl.tune and hfl.backends: its ResultGrid is named through hfl.tune.grid
     from torch import Tensor, nn
 
     from hfl.evaluation import Evaluator
     from hfl.submodel.spec import SubmodelSpec
+    from hfl.tune.grid import ResultGrid
 
 ConfigSource = ExperimentConfig | Mapping[str, Any] | str | os.PathLike | None
 """An experiment: a built config, a dict of sections (dotted keys allowed), a YAML file, or None (all defaults)."""
