@@ -4,6 +4,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def real_data(*parts: str) -> Path:
+    """A path under `$HFL_DATA`, the folder of real datasets (the development machines keep them in
+    ../shared/datasets; a researcher's clone has none). Skips the calling test with the reason where
+    HFL_DATA is unset or lacks the path; fails it under HFL_REQUIRE_DATA=1, on a machine meant to have it."""
+    root = os.environ.get("HFL_DATA")
+    path = Path(root).joinpath(*parts) if root else None
+    if path is None or not path.exists():
+        where = f"{path} is missing" if path else "HFL_DATA is unset"
+        reason = f"real data: {where} (set HFL_DATA to the folder holding {'/'.join(parts)})"
+        if os.environ.get("HFL_REQUIRE_DATA") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -1,9 +1,7 @@
 """Dataset loaders: shapes, dtypes, fixed splits, caching, and the errors for missing data.
 
-The tests of real datasets read them from `$HFL_DATA`, else from `../shared/datasets` beside the
-repository. Where such a folder exists (HFL_DATA set, or the shared folder present) or
-`HFL_REQUIRE_DATA=1`, a dataset missing from it FAILS its test: that machine is meant to have the
-data. Only a machine with neither skips them.
+The tests of real datasets read them from `$HFL_DATA` (`tests.conftest.real_data`) and skip with the
+reason where it is unset or lacks them; under `HFL_REQUIRE_DATA=1` a missing dataset FAILS its test.
 """
 
 from __future__ import annotations
@@ -28,24 +26,9 @@ from hfl.data import (
 )
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.registry import DATASETS
-from tests.conftest import cli_env
+from tests.conftest import cli_env, real_data
 
-FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-SHARED = Path(os.environ.get("HFL_DATA", FALLBACK))
-REQUIRE_DATA = os.environ.get("HFL_REQUIRE_DATA") == "1" or "HFL_DATA" in os.environ or FALLBACK.is_dir()
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-def shared(*parts: str) -> Path:
-    """A path in the shared data folder; fails when this machine should have it (see the module
-    docstring), skips only where it has no data folder."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        reason = f"{path} is missing (HFL_DATA={os.environ.get('HFL_DATA')!r}, HFL_REQUIRE_DATA={os.environ.get('HFL_REQUIRE_DATA')!r})"
-        if REQUIRE_DATA:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
 
 
 def check_well_formed(ds: ImageDataset) -> None:
@@ -244,15 +227,16 @@ def test_unreadable_cache_is_rebuilt(tmp_path) -> None:
 
 
 def test_real_mnist_from_shared_folder(tmp_path) -> None:
-    shared("mnist", "MNIST", "raw")
+    real_data("mnist", "MNIST", "raw")
+    root = os.environ["HFL_DATA"]
     cache = tmp_path / "cache"
-    ds = load_dataset("mnist", str(SHARED), str(cache))
+    ds = load_dataset("mnist", str(root), str(cache))
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
     assert ds.train_y.bincount().tolist()[:2] == [5923, 6742]
     assert ds.mean[0] == pytest.approx(0.1307, abs=1e-4) and ds.std[0] == pytest.approx(0.3081, abs=1e-4)
     cached = cache / "decoded" / "mnist.pt"
     stamp = cached.stat().st_mtime_ns
-    again = load_dataset("mnist", str(SHARED), str(cache))
+    again = load_dataset("mnist", str(root), str(cache))
     assert cached.stat().st_mtime_ns == stamp, "the second load reads the cache, it does not rewrite it"
     assert torch.equal(again.train_x, ds.train_x)
 
@@ -269,8 +253,8 @@ def test_real_cifar10_jpeg_from_shared_folder(tmp_path) -> None:
 
     from hfl.data import BatchTransform
 
-    archive = shared("cifar10_jpeg", "cifar10-jpeg.zip")
-    ds = load_dataset("cifar10_jpeg", str(SHARED), str(tmp_path / "cache"))
+    archive = real_data("cifar10_jpeg", "cifar10-jpeg.zip")
+    ds = load_dataset("cifar10_jpeg", os.environ["HFL_DATA"], str(tmp_path / "cache"))
     check_well_formed(ds)
     assert ds.train_x.shape == (50000, 3, 32, 32) and ds.test_x.shape == (10000, 3, 32, 32)
     assert (ds.num_classes, ds.in_channels, ds.image_size, ds.default_augment) == (10, 3, 32, "crop_flip")

@@ -1,16 +1,14 @@
 """LEAF's Shakespeare construction: parsing plays into roles, the clients, windows and split.
 
-The fixtures imitate the 1998 Project Gutenberg texts in the shared data folder (tags on their own
-line, bracketed stage directions). The test over the real texts reads `$HFL_DATA`, else
-`../shared/datasets` beside the repository, and skips when the play folder is in neither (it fails
-instead under HFL_REQUIRE_DATA=1).
+The fixtures imitate the 1998 Project Gutenberg texts (tags on their own line, bracketed stage
+directions). The test over the real texts reads `$HFL_DATA` and skips with the reason where the play
+folder is not there (it fails instead under HFL_REQUIRE_DATA=1).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -29,9 +27,8 @@ from hfl.data.shakespeare import (
 from hfl.data.text import CharTokenizer
 from hfl.data.tokens import tokenise_clients
 from hfl.errors import DataNotFoundError
+from tests.conftest import real_data
 
-FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-SHARED = Path(os.environ.get("HFL_DATA", FALLBACK))
 
 # Capital tags, as in most of the plays; with a Gutenberg header and licence, the dramatis
 # personae, stage directions (multi-line, inline, mid-speech), scene headings with a wrapped
@@ -246,12 +243,8 @@ def test_missing_folder_names_where_it_looked(tmp_path):
 
 
 def test_real_play_texts_give_leaf_sized_clients():
-    folder = SHARED / TEXTS_FOLDER
-    if not folder.is_dir():
-        reason = f"{folder} is missing (HFL_DATA={os.environ.get('HFL_DATA')!r})"
-        if os.environ.get("HFL_REQUIRE_DATA") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    folder = real_data(*TEXTS_FOLDER.parts)
+    root = os.environ["HFL_DATA"]
     plays = read_plays(folder)
     assert len(plays) == 37  # the 5 poems are skipped
     hamlet = next(p for p in plays if p.name == "hamlet")
@@ -260,7 +253,7 @@ def test_real_play_texts_give_leaf_sized_clients():
     leaf_users = [role_text(lines) for p in plays for lines in p.roles.values() if len(lines) >= 3]
     assert 1000 < sum(len(t) > 80 for t in leaf_users) < 1300
     assert 3.8e6 < sum(max(0, len(t) - 80) for t in leaf_users) < 4.6e6
-    clients = load_shakespeare_clients(SHARED)
+    clients = load_shakespeare_clients(root)
     assert len(clients) == 674  # fewer: a 0.9 split needs about 900 characters to leave a test window
     assert {c.play for c in clients} == {p.name for p in plays}
     assert all(len(c.train_text) > 80 and len(c.test_text) > 80 for c in clients)

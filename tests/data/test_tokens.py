@@ -2,8 +2,8 @@
 per role), the test set of the clients' test windows, caching, and the errors of wrong configs.
 
 The fixture corpus (tests/conftest.py, `write_shakespeare_corpus`) has the format of the real play
-texts; the test over the real texts reads `$HFL_DATA`, else `../shared/datasets` beside the
-repository, and skips when the play folder is in neither (it fails instead under HFL_REQUIRE_DATA=1).
+texts; the test over the real texts reads `$HFL_DATA` and skips with the reason where the play folder
+is not there (it fails instead under HFL_REQUIRE_DATA=1).
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from hfl.errors import ConfigError, DataNotFoundError
 from tests.conftest import (
     QUICKSTART,
     SHAKESPEARE_ROLES,
+    real_data,
     small_config,
     write_shakespeare_corpus,
 )
 
-FALLBACK = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-SHARED = Path(os.environ.get("HFL_DATA", FALLBACK))
 SEQ = 8
 ROLES = [f"{play}/{role}" for play in sorted(SHAKESPEARE_ROLES) for role in SHAKESPEARE_ROLES[play]]
 """The fixture's clients in the dataset's order: plays by file name, roles as they first speak."""
@@ -167,13 +166,8 @@ def test_data_command_prints_each_role_and_its_windows(tmp_path, capsys):
 
 
 def test_real_play_texts_give_leaf_sized_token_clients(tmp_path):
-    folder = SHARED / TEXTS_FOLDER
-    if not folder.is_dir():
-        reason = f"{folder} is missing (HFL_DATA={os.environ.get('HFL_DATA')!r})"
-        if os.environ.get("HFL_REQUIRE_DATA") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    data = load_dataset("shakespeare", str(SHARED), str(tmp_path), seq_len=80)
+    real_data(*TEXTS_FOLDER.parts)
+    data = load_dataset("shakespeare", os.environ["HFL_DATA"], str(tmp_path), seq_len=80)
     assert 600 < len(data.clients) < 800 and data.tokens.dtype == torch.uint8 and int(data.tokens.max()) < 81
     assert 3.4e6 < len(data.train_x) < 3.9e6 and 3e5 < len(data.test_x) < 4e5  # LEAF's 90/10 split of about 4.2M samples
     hamlet = data.clients.index("hamlet/HAM")
