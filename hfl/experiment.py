@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -40,7 +39,7 @@ from hfl.errors import ConfigError
 from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
 from hfl.models.family import ClassLabels, load_family_weights, resolve_source
-from hfl.registry import METHODS, import_plugins
+from hfl.registry import METHODS, import_class, import_plugins
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
@@ -232,13 +231,7 @@ class ClientEnvironment:
             raise ConfigError("fl.precision", config.fl.precision, "32-true or bf16-mixed where clients train on the CPU "
                               "(float16 autocast with a gradient scaler needs CUDA)")
         for path in config.fl.callbacks:  # before any data is loaded: a typo fails in a second
-            module, _, name = path.partition(":")
-            try:
-                found = getattr(importlib.import_module(module), name, None)
-            except ImportError as error:
-                raise ConfigError("fl.callbacks", path, f"an importable class ({error})") from None
-            if not isinstance(found, type):
-                raise ConfigError("fl.callbacks", path, f"a class: {module} has no class {name}")
+            import_class(path, "fl.callbacks")
         torch.set_num_threads(config.backend.threads)
         if device.type == "cuda":
             configure_cudnn(config)

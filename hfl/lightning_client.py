@@ -7,7 +7,6 @@ Trainer): the import costs a second or more and about 250 MiB in every process t
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 
 from hfl.client import ClientBatches, ClientModule, client_extras, finish_client, load_client
 from hfl.methods.base import Method
+from hfl.registry import import_class
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,6 @@ class ClientLightningModule(L.LightningModule):
         self.client.on_train_batch_end(*args)
 
 
-def callback(path: str) -> L.Callback:
-    """The callback `package.module:Class` (`fl.callbacks`), built without arguments."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)()
-
-
 def trainer_settings(settings: TrainSettings, device: torch.device) -> dict[str, Any]:
     """The `lightning.Trainer` arguments under which a client trains as hfl trains it: its epochs,
     precision, gradient clipping and accumulation and callbacks, and nothing logged, checkpointed,
@@ -63,7 +57,7 @@ def trainer_settings(settings: TrainSettings, device: torch.device) -> dict[str,
         "gradient_clip_val": settings.gradient_clip_val or None,
         "gradient_clip_algorithm": settings.gradient_clip_algorithm,
         "accumulate_grad_batches": settings.accumulate_grad_batches,
-        "callbacks": [callback(path) for path in settings.callbacks],
+        "callbacks": [import_class(path, "fl.callbacks")() for path in settings.callbacks],
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,

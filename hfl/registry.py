@@ -92,3 +92,16 @@ def import_plugins(modules: Iterable[str], field: str = "plugins") -> None:
                 raise  # the plug-in was found, but a module it imports is missing: its own traceback says which
             raise ConfigError(field, module, f"a module importable here that registers methods, models or datasets "
                               f"(no module named {error.name!r}: install its package or put its folder on PYTHONPATH)") from None
+
+
+def import_class(path: str, field: str) -> type:
+    """The class `package.module:Class` names (a config's `fl.callbacks`); one that cannot be
+    imported is a ConfigError naming `field` and the path."""
+    module, _, name = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError as error:
+        raise ConfigError(field, path, f"an importable class ({error})") from None
+    if not isinstance(found, type):
+        raise ConfigError(field, path, f"a class: {module} has no class {name}")
+    return found

@@ -53,6 +53,9 @@ def test_callbacks_run_in_every_clients_training_and_change_no_number(tmp_path):
 def test_a_callback_that_cannot_be_imported_names_the_field():
     with pytest.raises(ConfigError, match=r"fl\.callbacks.*'tests\.nowhere'.*package\.module:Class"):
         small_config(fl={"callbacks": ["tests.nowhere"]})
+    for path, allowed in [("tests.nowhere:Callback", "an importable class"), ("tests.lightning_callbacks:Missing", "a class")]:
+        with pytest.raises(ConfigError, match=rf"fl\.callbacks.*{path}.*{allowed}"):
+            ClientEnvironment.from_config(small_config(fl={"callbacks": [path]}))
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedepth"])
