@@ -102,6 +102,9 @@ def existing_wandb_id(out_dir: Path) -> str | None:
     return WANDB_RUN_FOLDER.match(runs[-1])["id"] if runs else None
 
 
+SIMULATED_TIME = "simulated_time"
+"""The step metric of a run with devices: its rows' keys are plotted against simulated seconds."""
+
 TIER_MEANS = ("train_loss", "estimated_peak_bytes", "measured_peak_bytes", "flops", "bytes_down", "bytes_up", "seconds")
 """Client fields averaged per budget tier in each round's wandb row."""
 
@@ -110,9 +113,12 @@ def round_row(record: dict[str, Any], scores: RoundScores | None = None) -> dict
     """A round's metrics as flat wandb keys: `round`, scalars, sub-model / exit accuracies
     (`submodel_accuracy/x0.5`), counts of failed and skipped clients, per budget tier the means over its
     clients (`tiers/w1_2/mean_estimated_peak_bytes`), and the round's scores (`RoundScores`: worst and
-    mean sub-model accuracy, per-tier accuracy, violations this round and so far)."""
+    mean sub-model accuracy, per-tier accuracy, violations this round and so far); with devices,
+    `simulated_time`: the simulated clock at the round's end (docs/time.md)."""
     row = {k: v for k, v in flatten_slash({k: v for k, v in record.items() if k != "clients"}).items()
            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if record.get("sim_end_s") is not None:
+        row[SIMULATED_TIME] = record["sim_end_s"]
     for key in ("failed_clients", "skipped_clients"):
         row[key] = len(record.get(key) or [])
     clients = record.get("clients", [])
@@ -156,8 +162,9 @@ class WandbLogger:
     """wandb as the dashboard: every round's metrics (global, sub-model, exit, ensemble, per tier, the
     scores a sweep ranks by, violations), a table of the round's clients and their resources, the
     resolved config (plus a sweep's values, `swept`) and the run's summary, and on request the final
-    checkpoint as an artifact. `round` is the step of every key; each key's summary holds its best and
-    its last value (`summary_kind`). Offline unless configured; the files go to OUT/wandb.
+    checkpoint as an artifact. `round` is the step of every key, or `simulated_time` in a run with
+    devices (`round` stays a key to plot against); each key's summary holds its best and its last value
+    (`summary_kind`). Offline unless configured; the files go to OUT/wandb.
 
     The run id and name are `<name>-<config hash>-s<seed>-<folder hash>` (a resumed run keeps the id
     found in its folder), the group `logging.wandb_group` (a comparison or a sweep), the job type the
@@ -194,11 +201,15 @@ class WandbLogger:
         log.info("wandb run %s in %s (mode %s)", run_id, out_dir, settings.wandb_mode)
 
     def log(self, row: dict[str, Any], round_: int) -> None:
-        """Log `row` at step `round_`, each new key defined with `round` as its step and its summaries."""
+        """Log `row` at step `round_`, each new key defined with its summaries and, as its step metric,
+        `simulated_time` where the row has one (a run with devices), else `round`."""
+        step_metric = SIMULATED_TIME if SIMULATED_TIME in row else "round"
         for key in row.keys() - self.defined:
-            if key != "client_resources":
+            if key == SIMULATED_TIME:
+                self.run.define_metric(key, summary="last")
+            elif key != "client_resources":
                 # a `.` nests in define_metric's names (sub-model names such as x0.5 hold one)
-                self.run.define_metric(key.replace(".", "\\."), step_metric="round", summary=summary_kind(key))
+                self.run.define_metric(key.replace(".", "\\."), step_metric=step_metric, summary=summary_kind(key))
             self.defined.add(key)
         self.run.log({**row, "round": round_}, step=round_)
 

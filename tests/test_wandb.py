@@ -234,3 +234,25 @@ def test_each_keys_summary_keeps_its_best_value_in_the_right_direction():
     for key in ("loss", "perplexity", "budget_violations", "violations/memory", "tiers/w1/violations/flops", "tiers/w1/budget_violations",
                 "inference_peak_bytes", "tiers/w1/mean_estimated_peak_bytes", "tiers/w1/mean_flops", "clients/mean_train_loss"):
         assert summary_kind(key) == "min,last", key
+
+
+@pytest.mark.slow
+def test_a_run_with_devices_plots_every_key_against_simulated_time(tmp_path, monkeypatch):
+    """Devices give each round a simulated end: logged as `simulated_time`, the step metric of every
+    other key, so a dashboard draws accuracy against simulated seconds (`round` is still logged)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = small_config(fl={"rounds": 2}, logging={"wandb": True},
+                          budgets={"scenario": "tiers", "memory": ["width:1", "width:1"], "names": ["slow", "fast"]},
+                          devices={"source": "tiers", "speed": ["1e8", "2e9"], "down": ["250kB", "4MB"], "up": ["100kB", "2MB"]})
+    run_experiment(config, tmp_path)
+    records = wandb_records(tmp_path)
+    defined = {r.metric.name: r.metric for r in records if r.WhichOneof("record_type") == "metric"}
+    assert defined["accuracy"].step_metric == defined["loss"].step_metric == "simulated_time"
+    assert defined["tiers/slow/mean_flops"].step_metric == "simulated_time" and not defined["simulated_time"].step_metric
+    history = history_rows(records)
+    lines = read_metrics(tmp_path)
+    assert [(history[r["round"]]["simulated_time"], history[r["round"]]["round"], history[r["round"]]["accuracy"]) for r in lines] == [
+        (r["sim_end_s"], r["round"], r["accuracy"]) for r in lines]
+    assert lines[0]["sim_end_s"] < lines[1]["sim_end_s"]
+    assert final_summary(records)["simulated_time"] == {"last": lines[-1]["sim_end_s"]}
