@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from types import SimpleNamespace
@@ -108,6 +108,42 @@ class FunctionalModel:
         return self._model.modules()
 
 
+AGC_WEIGHT_FLOOR = 1e-3
+"""ε of adaptive gradient clipping: a unit whose weights are smaller is clipped as if they had this
+norm, so that units initialised at zero (biases, grown entries) can still move (NFNets' value)."""
+
+
+def unit_norms(x: Tensor) -> Tensor:
+    """2-norm of each output unit of a parameter, shaped to broadcast over it: of every slice along
+    dim 0 (a filter, a linear layer's row); a vector or scalar (bias, gain) is one unit."""
+    if x.dim() <= 1:
+        return torch.linalg.vector_norm(x)
+    return torch.linalg.vector_norm(x, dim=tuple(range(1, x.dim())), keepdim=True)
+
+
+def clip_adaptively(parameters: Iterable[Tensor], clipping: float) -> None:
+    """Unit-wise adaptive gradient clipping (Brock et al. 2021, "High-Performance Large-Scale Image
+    Recognition Without Normalization", NFNets), in place: every unit's gradient g is scaled to
+    λ·max(‖θ‖, ε)/‖g‖ where ‖g‖ exceeds λ·max(‖θ‖, ε), so that no step moves a unit by more than the
+    share λ of its norm (at the step's learning rate)."""
+    for param in parameters:
+        if param.grad is None:
+            continue
+        largest = unit_norms(param.detach()).clamp_min(AGC_WEIGHT_FLOOR) * clipping
+        norm = unit_norms(param.grad)
+        param.grad.mul_(torch.where(norm > largest, largest / norm.clamp_min(1e-6), 1.0))
+
+
+def adaptively_clipped(models: Iterable[nn.Module]) -> list[Tensor]:
+    """What `fl.agc` clips in a client's `models` (its model and peers): every trainable parameter
+    but the classifiers' (NFNets leave the final linear layer unclipped)."""
+    clipped = []
+    for model in models:
+        classifier = set(model.classifier_keys())
+        clipped += [p for n, p in model.named_parameters() if p.requires_grad and n not in classifier]
+    return clipped
+
+
 class Precision:
     """What Lightning's precision plugins do around a training step, for the drivers that do not run
     a Trainer: autocast around the forward pass (`fl.precision` bf16-mixed and 16-mixed) and, for
@@ -124,11 +160,14 @@ class Precision:
     def backward(self, loss: Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, settings: TrainSettings) -> None:
-        """The optimiser step: gradients unscaled (16-mixed), clipped (`fl.gradient_clip_val`) over
-        the optimiser's parameters as Lightning's precision plugin clips them, then stepped."""
+    def step(self, optimizer: torch.optim.Optimizer, settings: TrainSettings, agc_parameters: Iterable[Tensor] = ()) -> None:
+        """The optimiser step: gradients unscaled (16-mixed), those of `agc_parameters` clipped
+        unit-wise (`fl.agc`), clipped (`fl.gradient_clip_val`) over the optimiser's parameters as
+        Lightning's precision plugin clips them, then stepped."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
+        if settings.agc > 0:
+            clip_adaptively(agc_parameters, settings.agc)
         if settings.gradient_clip_val > 0:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if settings.gradient_clip_algorithm == "value":
@@ -242,7 +281,7 @@ def fit_fast(module: ClientModule, batches: ClientBatches, epochs: int) -> None:
                 loss = module.training_step(batch, i)
             precision.backward(loss / every if every > 1 else loss)
             if (i + 1) % every == 0 or i == last:
-                precision.step(optimizer, settings)
+                precision.step(optimizer, settings, adaptively_clipped((module.model, *module.peers)) if settings.agc else ())
                 optimizer.zero_grad(set_to_none=True)
             module.on_train_batch_end()
 
@@ -353,9 +392,10 @@ def trains_together(method: Method, task: ClientTask) -> bool:
     default = objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
     # Classes narrowed by the client's labels (HeteroFL's masking trick) are per client, and kept.
     # 16-mixed's gradient scaler skips a step when any gradient overflowed, and clipping by norm
-    # takes one norm over what the optimiser holds: stacked clients would skip and clip together.
+    # takes one norm over what the optimiser holds: stacked clients would skip and clip together
+    # (adaptive clipping's units would take the stacking dimension for their filters).
     train = task.ctx.train
-    per_client_step = train.precision == "16-mixed" or train.gradient_clip_val > 0 or train.accumulate_grad_batches > 1 or train.callbacks
+    per_client_step = train.precision == "16-mixed" or train.gradient_clip_val > 0 or train.agc > 0 or train.accumulate_grad_batches > 1 or train.callbacks
     return default and not (task.spec.masks or task.peers or per_client_step)
 
 

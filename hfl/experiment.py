@@ -92,7 +92,7 @@ def natural_clients(config: ExperimentConfig, data: TokenDataset) -> TokenDatase
 def train_settings(fl: FLConfig, round_: int) -> TrainSettings:
     """What a client-round of round `round_` trains with: the round's learning rate and every other `fl` training setting."""
     return TrainSettings(fl.lr_at(round_), fl.momentum, fl.weight_decay, fl.local_epochs, fl.batch_size, fl.optimizer, fl.lr,
-                         fl.precision, fl.gradient_clip_val, fl.gradient_clip_algorithm, fl.accumulate_grad_batches, fl.callbacks)
+                         fl.precision, fl.gradient_clip_val, fl.gradient_clip_algorithm, fl.agc, fl.accumulate_grad_batches, fl.callbacks)
 
 
 def resolve_device(name: str) -> torch.device:

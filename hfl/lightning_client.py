@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from hfl.client import ClientBatches, ClientModule, client_extras, finish_client, load_client
+from hfl.client import ClientBatches, ClientModule, adaptively_clipped, clip_adaptively, client_extras, finish_client, load_client
 from hfl.methods.base import Method
 from hfl.registry import import_class
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
@@ -43,6 +43,15 @@ class ClientLightningModule(L.LightningModule):
 
     def on_train_batch_end(self, *args: object) -> None:
         self.client.on_train_batch_end(*args)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """`fl.agc` first (on unscaled gradients: the precision plugin unscales before this hook), then
+        the Trainer's own clipping, in the fast driver's order."""
+        agc = self.client.task.ctx.train.agc
+        if agc > 0:
+            clip_adaptively(adaptively_clipped((self.client.model, *self.client.peers)), agc)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
 
 def trainer_settings(settings: TrainSettings, device: torch.device) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class TrainSettings:
     """`fl.precision`: float32, or the autocast (and gradient scaler) of mixed precision."""
     gradient_clip_val: float = 0.0
     gradient_clip_algorithm: str = "norm"
+    agc: float = 0.0
+    """`fl.agc`: unit-wise adaptive gradient clipping's λ (0: off)."""
     accumulate_grad_batches: int = 1
     callbacks: tuple[str, ...] = ()
     """`fl.callbacks`: Lightning callbacks' import paths (clients with any train under lightning.Trainer)."""
