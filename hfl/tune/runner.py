@@ -197,6 +197,7 @@ def _status(tune_status: str, rounds_done: int, rounds: int) -> str:
 
 
 def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
+    import pandas
     from ray.tune import ExperimentAnalysis
 
     from hfl.tune.progress import exploit_text, read_exploits, stop_reason
@@ -213,9 +214,11 @@ def _results(sweep: Sweep, setup: TrialSetup) -> list[dict[str, Any]]:
         if frame is not None and not frame.empty and sweep.metric in frame:
             # After a hard kill a restored trial re-reports the rounds after its last checkpoint.
             frame = frame.drop_duplicates("round", keep="last").sort_values("round")
+            # a time to accuracy is empty (NaN) until its target is reached: the trial ranks last, unranked
             values = frame[sweep.metric]
-            final = float(values.iloc[-1])
-            best = float(values.max() if sweep.mode == "max" else values.min())
+            final = None if pandas.isna(values.iloc[-1]) else float(values.iloc[-1])
+            reached = values.dropna()
+            best = None if reached.empty else float(reached.max() if sweep.mode == "max" else reached.min())
             rounds_done = int(frame["round"].iloc[-1])
             broken = int(frame["violations"].iloc[-1])
         rounds = int(trial_values(setup.base, swept)["fl"]["rounds"])

@@ -45,6 +45,10 @@ OBJECTIVES = {
     "mean_estimated_peak_bytes": "min", "max_estimated_peak_bytes": "min", "final_inference_peak_bytes": "min",
 }
 """Metrics a sweep can rank trials by, with the mode each defaults to."""
+TIME_OBJECTIVES = {"time_to_accuracy": ("min", "time_targets"), "accuracy_at_time": ("max", "time_points")}
+"""Metrics of simulated time (docs/time.md), written `name:value`: summary.json's `time_to_accuracy`
+for a target in `fl.time_targets` (`time_to_accuracy:0.9`) and `accuracy_at_time` for a point in
+`fl.time_points` (`accuracy_at_time:20`), with the mode each defaults to and the field recording it."""
 SCHEDULERS = ("fifo", "asha", "pbt")
 SEARCHES = ("random", "grid", "optuna")
 SWEEP_KEYS = (
@@ -206,9 +210,10 @@ class Sweep:
     """Dotted config path -> domain, in file order."""
     metric: str = "accuracy"
     """What ranks trials: a key of OBJECTIVES, e.g. worst_submodel_accuracy (summary.json's value as the
-    run stands after each round; a method without sub-models has one, its global model)."""
+    run stands after each round; a method without sub-models has one, its global model), or, in runs
+    with devices, `time_to_accuracy:<target>` or `accuracy_at_time:<seconds>` (TIME_OBJECTIVES)."""
     mode: str = "max"
-    """max or min; default max for accuracies, min for the rest."""
+    """max or min; default max for accuracies, min for the rest (time to accuracy included)."""
     within_budget: bool = False
     """Trials that broke a budget (memory, FLOPs or upload: summary.json's violations) rank last: Tune
     sees the worst value (ASHA stops them, PBT replaces them) and the best trial is one that kept them."""
@@ -374,6 +379,28 @@ def _positive_int(name: str, value: Any, allowed: str = "an integer >= 1") -> in
     return value
 
 
+def _metric(metric: Any, base: dict[str, Any]) -> str:
+    """The sweep's metric: a key of OBJECTIVES, or a TIME_OBJECTIVES name with a target or point the
+    base experiment's runs record, written as summary.json's key (`time_to_accuracy:0.9`)."""
+    name, colon, number = str(metric).partition(":")
+    if not colon or name not in TIME_OBJECTIVES:
+        check_choice("metric", metric, [*OBJECTIVES, *(f"{n}:<value>" for n in TIME_OBJECTIVES)])
+        return metric
+    field_name = TIME_OBJECTIVES[name][1]
+    check(base["devices"]["source"] != "none", "metric", metric,
+          "a metric of simulated time only where the runs have devices (devices.source is none; docs/time.md)")
+    recorded = base["fl"][field_name]
+    try:
+        value = float(number)
+    except ValueError:
+        value = None
+    # summary.json's keys are the configured values as written (str), so the metric takes the same spelling
+    match = next((str(v) for v in recorded if value is not None and float(v) == value), None)
+    check(match is not None, "metric", metric,
+          f"{name}:<v> for a v the runs record: fl.{field_name} is {list(recorded)} (add {number} there to rank by it)")
+    return f"{name}:{match}"
+
+
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
     """Read and validate a sweep file; `overrides` apply to the base experiment after the file's own."""
     file = Path(path)
@@ -393,9 +420,8 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
     for p, domain in space.items():
         _check_path(base, p, domain)
 
-    metric = raw.get("metric", "accuracy")
-    check_choice("metric", metric, OBJECTIVES)
-    mode = raw.get("mode", OBJECTIVES[metric])
+    metric = _metric(raw.get("metric", "accuracy"), base)
+    mode = raw.get("mode", TIME_OBJECTIVES[metric.split(":")[0]][0] if ":" in metric else OBJECTIVES[metric])
     check_choice("mode", mode, ("max", "min"))
     within_budget = raw.get("within_budget", False)
     check(isinstance(within_budget, bool), "within_budget", within_budget, "true (trials that break a budget rank last) or false")

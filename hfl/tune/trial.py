@@ -22,7 +22,7 @@ from hfl.checkpoint import CHECKPOINT
 from hfl.config import ExperimentConfig, config_from_dict
 from hfl.loggers import METRICS, read_metrics
 from hfl.storage import join, read_text, staged
-from hfl.tune.space import Domain, trial_values
+from hfl.tune.space import TIME_OBJECTIVES, Domain, trial_values
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"  # Tune's record of a trial's results, a JSON line each
@@ -78,8 +78,13 @@ def round_scores(summary: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a summary (as summary.json holds them after a round) that a sweep can rank by.
 
     A method without sub-models trains one model that every client holds: its worst and mean
-    sub-model accuracy are that model's, so a sweep over methods ranks FedAvg beside HeteroFL."""
+    sub-model accuracy are that model's, so a sweep over methods ranks FedAvg beside HeteroFL.
+    A run with devices adds its simulated-time scores as `time_to_accuracy:0.9` and
+    `accuracy_at_time:20` (TIME_OBJECTIVES), None while the target is not reached (no round scored
+    by the point): present from the first round, so every round reports them."""
     scores = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "rounds"}
+    for name in TIME_OBJECTIVES:
+        scores.update((f"{name}:{key}", value) for key, value in (summary.get(name) or {}).items())
     if summary.get("final_accuracy") is not None and "worst_submodel_accuracy" not in summary:
         scores["worst_submodel_accuracy"] = scores["mean_submodel_accuracy"] = summary["final_accuracy"]
     if "final_accuracy" in scores:
@@ -93,8 +98,10 @@ def violations(scores: Mapping[str, Any]) -> int:
 
 
 def objective(scores: Mapping[str, Any], metric: str, mode: str, within_budget: bool) -> float:
-    """What Tune ranks a trial by: `metric`, or the worst value where a budget constraint is broken."""
-    return WORST[mode] if within_budget and violations(scores) else float(scores[metric])
+    """What Tune ranks a trial by: `metric`, or the worst value where a budget constraint is broken or
+    the metric is None (a time to accuracy whose target is not reached)."""
+    broken = within_budget and violations(scores)
+    return WORST[mode] if broken or scores[metric] is None else float(scores[metric])
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -131,7 +138,7 @@ class TuneReporter:
             return
         elapsed = sum(line["wall_seconds"] for line in read_metrics(self.run_dir))
         scores = round_scores(summarise(self.run_dir, self.config, elapsed))
-        if scores.get(setup.metric) is None:
+        if setup.metric not in scores:
             return
         metrics = {"round": r, OBJECTIVE: objective(scores, setup.metric, setup.mode, setup.within_budget), **scores,
                    "violations": violations(scores), "evaluated": record["accuracy"] is not None, "final_round": int(r == fl.rounds)}

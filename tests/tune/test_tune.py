@@ -452,6 +452,56 @@ def test_any_summary_metric_is_an_objective_and_budget_breakers_rank_last(tmp_pa
     assert [r["trial_id"] for r in ranked(rows, "m", "min", within_budget=True)] == ["b", "c", "a"]
 
 
+TIMED = ["devices.source=tiers", "devices.speed=[1e9]", "devices.down=[1MB]", "devices.up=[1MB]",
+         "fl.time_targets=[0.5,0.9]", "fl.time_points=[20]"]
+"""Overrides giving the tiny experiment's runs simulated time, two accuracy targets and a time point."""
+
+
+def test_a_sweep_ranks_by_time_to_accuracy_or_accuracy_at_a_time_that_its_runs_record(tmp_path):
+    from hfl.tune.runner import ranked
+    from hfl.tune.trial import WORST, objective, round_scores
+
+    fastest = load_sweep(write_sweep(tmp_path, overrides=TIMED, metric="time_to_accuracy:0.50"))
+    assert (fastest.metric, fastest.mode) == ("time_to_accuracy:0.5", "min")  # summary.json's key, whatever the spelling
+    assert (load_sweep(write_sweep(tmp_path, overrides=TIMED, metric="accuracy_at_time:20")).metric,
+            load_sweep(write_sweep(tmp_path, overrides=TIMED, metric="accuracy_at_time:20")).mode) == ("accuracy_at_time:20.0", "max")
+    for metric, overrides, allowed in (("time_to_accuracy:0.8", TIMED, "fl.time_targets is [0.5, 0.9]"),
+                                       ("accuracy_at_time:30", TIMED, "fl.time_points is [20.0]"),
+                                       ("time_to_accuracy:most", TIMED, "fl.time_targets is [0.5, 0.9]"),
+                                       ("time_to_accuracy:0.5", ["fl.time_targets=[0.5]"], "devices.source is none")):
+        with pytest.raises(ConfigError) as error:
+            load_sweep(write_sweep(tmp_path, overrides=overrides, metric=metric))
+        assert (error.value.field, error.value.value) == ("metric", metric) and allowed in error.value.allowed
+
+    # summary.json as a run with devices writes it: 0.5 reached at 12 s, 0.9 not yet, 0.7 by 20 s
+    scores = round_scores({"final_accuracy": 0.7, "final_loss": 0.9, "simulated_seconds": 25.0,
+                           "time_to_accuracy": {"0.5": 12.0, "0.9": None}, "accuracy_at_time": {"20.0": 0.7}})
+    assert (scores["time_to_accuracy:0.5"], scores["time_to_accuracy:0.9"], scores["accuracy_at_time:20.0"]) == (12.0, None, 0.7)
+    assert objective(scores, "time_to_accuracy:0.5", "min", within_budget=False) == 12.0
+    assert objective(scores, "time_to_accuracy:0.9", "min", within_budget=False) == WORST["min"]  # not reached: last, as a number
+    rows = [{"trial_id": t, "m": m, "violations": 0} for t, m in (("never", None), ("slow", 30.0), ("fast", 12.0))]
+    assert [r["trial_id"] for r in ranked(rows, "m", "min", within_budget=False)] == ["fast", "slow"]
+
+
+@pytest.mark.slow
+def test_a_sweep_by_time_to_accuracy_ranks_a_trial_that_never_reaches_it_last(ray_address, tmp_path):
+    from hfl.tune.trial import WORST
+
+    # lr 0.1 with 3 epochs learns digits within 3 rounds (0.79 here), 1e-6 stays at chance: it never reaches 0.5
+    path = write_sweep(tmp_path, {"fl.lr": {"grid": [1e-6, 0.1]}}, overrides=[*TIMED, "fl.rounds=3", "fl.local_epochs=3"],
+                       metric="time_to_accuracy:0.5")
+    out = tmp_path / "out"
+    outcome = run_tune(str(path), out=str(out))
+    rows = {r["fl.lr"]: r for r in outcome.results}
+    for row in rows.values():
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert (row["status"], row["rounds"]) == ("completed", 3) and row["time_to_accuracy:0.5"] == summary["time_to_accuracy"]["0.5"]
+    assert rows[1e-6]["time_to_accuracy:0.5"] is None and rows[0.1]["time_to_accuracy:0.5"] > 0
+    assert (outcome.best_trial, outcome.best_metric, outcome.mode) == (rows[0.1]["trial_id"], rows[0.1]["time_to_accuracy:0.5"], "min")
+    reported = [json.loads(line) for line in (out / "tune" / rows[1e-6]["trial_id"] / "result.json").read_text().splitlines()]
+    assert [r["objective"] for r in reported] == [WORST["min"]] * 3  # Tune ranked it last every round
+
+
 def test_concurrent_trials_are_sized_by_the_clusters_resources():
     from hfl.tune.runner import trials_at_once
 
