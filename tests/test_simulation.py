@@ -77,6 +77,8 @@ def test_online_intervals_repeat_with_the_period_and_run_on_across_its_boundary(
     assert device.next_online(120) == 150
     assert Device(1e9, 1e6, 1e6, online=((0, 10),)).next_online(11) is None
     assert Device(1e9, 1e6, 1e6).online_until(1e12) == math.inf
+    # online the whole period (a trace's device that never went offline that day): never leaves
+    assert Device(1e9, 1e6, 1e6, online=((0, 100),), period=100).online_until(150) == math.inf
 
 
 def test_the_shipped_synthetic_trace_is_its_stated_recipe():

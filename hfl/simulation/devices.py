@@ -58,6 +58,8 @@ class Device:
         for start, end in self.online:
             if start <= local < end:
                 if self.period and end >= self.period and self.online[0][0] == 0 and base + end > t:
+                    if self.online[0][1] >= self.period:  # online the whole period: the stretch never ends
+                        return math.inf
                     following = self.online_until(base + self.period)  # the stretch goes on into the next period
                     return following if following is not None else base + end
                 return base + end
