@@ -54,7 +54,8 @@ def round_one(config: ExperimentConfig, env: ClientEnvironment, client: int, rou
 
 def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[str, Any]]:
     """What the method asks of the first client of each tier in round 1, with its estimated peak and,
-    with devices, the simulated seconds it would take on that client's device (docs/time.md)."""
+    with devices, the simulated seconds it would take on that client's device, and those each of the
+    method's sub-models (ladder levels) would take there (docs/time.md)."""
     from hfl.simulation.devices import assign_devices
     from hfl.simulation.estimate import expected_time
 
@@ -76,6 +77,9 @@ def tier_plans(config: ExperimentConfig, env: ClientEnvironment) -> list[dict[st
         if devices and task is not None:
             t = expected_time(env.method, task, initial, devices[client])
             rows[budget.tier].update({"client": client, "down_s": t.down_s, "compute_s": t.compute_s, "up_s": t.up_s, "round_s": t.finish})
+        if devices and (ladder := env.method.ladder):  # what a deadline (fl.deadline_plans) chooses among
+            rows[budget.tier]["level_round_s"] = {
+                level.name: expected_time(env.method, ladder.task_for(ctx, level), initial, devices[client]).finish for level in ladder.levels}
     return sorted(rows.values(), key=lambda r: r["budget_bytes"] or 0)
 
 

@@ -357,6 +357,10 @@ def command_budget(args: argparse.Namespace) -> int:
                     [[p["tier"], mib(p["budget_bytes"]), mib(p["peak_bytes"]), p["plan"],
                       *([p.get("client", "-"), *(f"{p[k]:.3g}" if k in p else "-" for k in ("down_s", "compute_s", "up_s", "round_s"))] if timed else [])]
                      for p in report["plans"]]))
+    if any("level_round_s" in p for p in report["plans"]):
+        levels = list(next(p["level_round_s"] for p in report["plans"] if "level_round_s" in p))
+        print("\nRound seconds of each sub-model on each tier's device (round 1, the tier's first client; what fl.deadline_plans chooses among)")
+        print(table(["tier", *levels], [[p["tier"], *(f"{p['level_round_s'][k]:.3g}" for k in levels)] for p in report["plans"] if "level_round_s" in p]))
     if report.get("levels"):
         title = f"{report['levels_title']}; " if report.get("levels_title") else ""
         print(f"\nSub-models of {config.method.name} ({title}FLOPs: forward, per sample; memory: training)")

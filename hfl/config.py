@@ -220,6 +220,12 @@ class FLConfig:
     weighted by 1/sqrt(1 + staleness); `rounds` counts server steps)."""
     deadline_s: float = 0.0
     """deadline: simulated seconds a round may last."""
+    deadline_plans: bool = False
+    """deadline: the deadline is also a time budget (docs/time.md): each client trains the largest
+    sub-model of the method whose download, training and upload end within `deadline_s` on its
+    device, as it does under memory and FLOPs budgets; a client none does sits the round out
+    (skipped, nothing spent). Off: clients train what their other budgets allow and late ones are
+    stragglers."""
     overselect: float = 0.3
     """overselect: extra share of clients sampled (0.3: 30 % more than `fraction` gives, rounded up)."""
     async_concurrency: int = 0
@@ -237,6 +243,9 @@ class FLConfig:
         check(self.deadline_s >= 0 and math.isfinite(self.deadline_s), "deadline_s", self.deadline_s, "a number of seconds >= 0")
         check((self.deadline_s > 0) == (self.round_policy == "deadline"), "deadline_s", self.deadline_s,
               "a number of seconds > 0 exactly when round_policy is deadline")
+        check(isinstance(self.deadline_plans, bool), "deadline_plans", self.deadline_plans, "true or false")
+        check(not self.deadline_plans or self.round_policy == "deadline", "deadline_plans", self.deadline_plans,
+              "false unless round_policy is deadline (the deadline is the time budget)")
         check(0 < self.overselect <= 10, "overselect", self.overselect, "a number in (0, 10]")
         check(self.async_concurrency >= 0, "async_concurrency", self.async_concurrency, "an integer >= 0 (0: as many as fraction gives)")
         check(self.async_buffer >= 0, "async_buffer", self.async_buffer, "an integer >= 0 (0: half of async_concurrency)")
@@ -337,6 +346,11 @@ class DevicesConfig:
     """tiers: download bandwidth in bytes per second (e.g. 1MB, 5e5), one per tier."""
     up: tuple[str, ...] = ()
     """tiers: upload bandwidth in bytes per second, one per tier."""
+    energy_per_flop: tuple[float, ...] = ()
+    """Optional joules per training FLOP (e.g. 1e-9): tiers: one per tier; trace, fedscale: one value
+    for every device whose trace gives none. Empty: no energy is recorded (unless the trace gives it)."""
+    energy_per_byte: tuple[float, ...] = ()
+    """Optional joules per byte downloaded or uploaded (e.g. 1e-7), as `energy_per_flop`."""
     spread: float = 0.0
     """Sigma of a log-normal factor (median 1) drawn per client with the seed, multiplying its speed
     and, drawn apart, its bandwidths; 0: every client of a tier is alike."""
@@ -365,6 +379,14 @@ class DevicesConfig:
                 check(ok and absolute_amount(amount) > 0, name, amount, "a positive amount per second such as 2e9 or 1MB")
         check(len(self.down) == len(self.speed) == len(self.up), "down", list(self.down),
               f"as many entries as speed ({len(self.speed)}), and so up")
+        for name in ("energy_per_flop", "energy_per_byte"):
+            values = getattr(self, name)
+            entries = f"{len(self.speed)} entries, one per tier as speed" if tiers else "one value for every device"
+            check(not values or self.source != "none", name, list(values), "empty unless source is set (energy is a device's)")
+            check(not values or len(values) == (len(self.speed) if tiers else 1), name, list(values), f"empty or {entries}")
+            for value in values:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+                check(ok, name, value, "a number of joules >= 0")
         check(self.spread >= 0 and math.isfinite(self.spread), "spread", self.spread, "a number >= 0")
         check(bool(self.trace) == (self.source in ("trace", "fedscale")), "trace", self.trace,
               "a file (or synthetic) exactly when source is trace or fedscale")

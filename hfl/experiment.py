@@ -41,6 +41,7 @@ from hfl.models import ScalableModel, build_model, is_family_source
 from hfl.models.family import ClassLabels, load_family_weights, resolve_source
 from hfl.registry import METHODS, import_class, import_plugins
 from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
+from hfl.simulation.devices import deadline_budgets
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
@@ -261,6 +262,7 @@ class ClientEnvironment:
                 train_x = transform(train_x, train=False)
         accountant = accountant_for(config, data)
         _, budgets = assign_budgets(config, accountant, [len(p) for p in parts])  # fixed for the run
+        budgets = deadline_budgets(config, budgets)
         test_x = data.test_x.to(device) if transform is None else transform(data.test_x.to(device), train=False)
         unlabelled = None
         if len(server_indices):

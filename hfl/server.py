@@ -25,6 +25,7 @@ from hfl.registry import BACKENDS
 from hfl.scores import over_budget
 from hfl.seeding import COHORT_STREAM, MODEL_STREAM, derive_seed
 from hfl.simulation.devices import Device, assign_devices
+from hfl.simulation.estimate import meets_deadline
 from hfl.simulation.fedbuff import FedBuffRounds, refuse_stale_server_steps
 from hfl.simulation.policy import SyncRounds
 from hfl.storage import check_job_location, staged
@@ -40,6 +41,13 @@ def sample_cohort(config: ExperimentConfig, round_: int) -> list[int]:
     m = max(1, round(config.fl.fraction * k))
     rng = np.random.default_rng(derive_seed(config.seed, round_, COHORT_STREAM))
     return sorted(int(c) for c in rng.choice(k, size=m, replace=False))
+
+
+def plan_client(env: ClientEnvironment, ctx: RoundContext, state: RunState) -> ClientTask | None:
+    """The method's task for a client-round; None where nothing fits its budgets, its time budget
+    (`fl.deadline_plans`) included."""
+    task = env.method.plan(ctx, state.method_state)
+    return task if task is not None and meets_deadline(env.method, task, state.global_state) else None
 
 
 def initial_state(config: ExperimentConfig, env: ClientEnvironment) -> RunState:
@@ -124,11 +132,13 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
 
 def time_summary(records: list[dict[str, Any]], targets: Sequence[float], points: Sequence[float] = ()) -> dict[str, Any]:
     """Simulated time of a run with devices: its total, when the test accuracy first reached each
-    target, and the accuracy reached by each time point (None: never, or no round scored by then)."""
+    target, and the accuracy reached by each time point (None: never, or no round scored by then);
+    with devices' energy figures, the joules every client-round spent."""
     if not records or "sim_end_s" not in records[-1]:
         return {}
     scored = [(r["sim_end_s"], r["accuracy"]) for r in records if r.get("accuracy") is not None]
-    return {"simulated_seconds": records[-1]["sim_end_s"],
+    energy = [c["energy_j"] for r in records for c in r["clients"] if "energy_j" in c]  # dropped client-rounds' too: spent
+    return {"simulated_seconds": records[-1]["sim_end_s"], **({"total_energy_j": sum(energy)} if energy else {}),
             "time_to_accuracy": {str(t): next((when for when, acc in scored if acc >= t), None) for t in targets},
             **({"accuracy_at_time": {str(p): next((acc for when, acc in reversed(scored) if when <= p), None) for p in points}} if points else {})}
 
@@ -167,9 +177,13 @@ def refuse_budgets_nobody_fits(config: ExperimentConfig, env: ClientEnvironment,
     if all(b is None for b in env.budgets):
         return
     settings = train_settings(config.fl, 1)
-    if any(env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state.method_state) is not None
+    if any(plan_client(env, RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state) is not None
            for c in range(config.fl.clients)):
         return
+    if config.fl.deadline_plans:
+        raise ConfigError("fl.deadline_s", config.fl.deadline_s, f"a deadline within which some client ends a sub-model of "
+                          f"{config.method.name} on its device (fl.deadline_plans): none of the {config.fl.clients} clients' does "
+                          "within its budgets (`hfl budget` shows each tier's round seconds per sub-model)")
     budgets = config.budgets
     field = next((f for f in ("memory", "flops", "upload") if getattr(budgets, f)), "scenario")
     raise ConfigError(f"budgets.{field}", getattr(budgets, field), f"budgets under which some client fits a sub-model of "
@@ -183,7 +197,7 @@ def refuse_deadline_nobody_meets(config: ExperimentConfig, env: ClientEnvironmen
     settings = train_settings(config.fl, 1)
     fastest = math.inf
     for c in range(config.fl.clients):
-        task = env.method.plan(RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state.method_state)
+        task = plan_client(env, RoundContext(1, c, config.seed, len(env.partitions[c]), settings, env.budgets[c]), state)
         if task is not None:
             fastest = min(fastest, expected_time(env.method, task, state.global_state, devices[c]).finish)
     if fastest > config.fl.deadline_s:
@@ -229,10 +243,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
         cohort, sim_start = clock.cohort(r) if clock else (sample_cohort(config, r), None)
         # 2. plan: which sub-model and objective settings each client gets
         settings = train_settings(fl, r)
-        planned = {
-            c: method.plan(RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state.method_state)
-            for c in cohort
-        }
+        planned = {c: plan_client(env, RoundContext(r, c, config.seed, len(env.partitions[c]), settings, budgets[c]), state) for c in cohort}
         tasks = [task for task in planned.values() if task is not None]
         skipped = [{"id": c, "reason": "no sub-model of the method fits the budget"} for c, t in planned.items() if t is None]
         if not tasks:
@@ -243,7 +254,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
         """The task of a client starting now under the async policy, toward the next server step."""
         r = fedbuff.version + 1
         ctx = RoundContext(r, client, config.seed, len(env.partitions[client]), train_settings(fl, r), budgets[client])
-        return method.plan(ctx, state.method_state)
+        return plan_client(env, ctx, state)
 
     def train_now(global_state: Any, tasks: Sequence[ClientTask]) -> tuple[list[Any], list[dict[str, Any]]]:
         return backend.collect(backend.submit(global_state, tasks))

@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a device is data here: the config checks amounts without the simulation
+    from hfl.simulation.devices import Device
 
 SCENARIOS = {
     "fair": ("1/6", "1/3", "1/2", "1"),
@@ -53,6 +57,20 @@ class ClientBudget:
     flops: int | None
     """FLOPs of one client-round (all local epochs)."""
     upload_bytes: int | None
+    time: TimeBudget | None = None
+    """The round's deadline on the client's device (`fl.deadline_plans`); None: time limits no sub-model."""
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """A deadline on one device: a client-round must end within `seconds` of its start (docs/time.md)."""
+
+    seconds: float
+    device: Device
+
+    def admits(self, bytes_down: float, flops: float, num_samples: int, local_epochs: int, bytes_up: float) -> bool:
+        """Whether a client-round of these counts ends in time on the device, timed as the clock times it."""
+        return sum(self.device.durations(bytes_down, flops, num_samples, local_epochs, bytes_up)) <= self.seconds
 
 
 def absolute_amount(text: str) -> int:

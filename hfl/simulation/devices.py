@@ -7,7 +7,8 @@ or CSV with a header `id,speed,down,up,online` (and optionally `seconds_per_samp
 `speed`), `online` written `0-3600;7200-86400`. `speed` is FLOP/s, `down` and `up` bytes/s,
 `seconds_per_sample` (instead of speed) the time one training sample takes; `online` lists the
 intervals [start, end) in simulated seconds when the device can train (absent or empty: always);
-with `period` > 0 the intervals repeat every `period` seconds.
+with `period` > 0 the intervals repeat every `period` seconds. Optional `energy_per_flop` (J per
+training FLOP) and `energy_per_byte` (J per byte down or up), numbers >= 0, give a device's energy.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import json
 import math
 import pickle
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hfl.accounting.amounts import absolute_amount
+from hfl.accounting.amounts import ClientBudget, TimeBudget, absolute_amount
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from hfl.seeding import BUDGET_STREAM, DEVICE_STREAM, derive_seed
@@ -49,6 +50,22 @@ class Device:
     """Intervals [start, end) when the device is online, sorted; empty: always online."""
     period: float = 0.0
     """The intervals repeat every `period` seconds; 0: they do not (offline after the last)."""
+    energy_per_flop: float | None = None
+    """Joules one training FLOP takes; None: not known (no energy is recorded unless one of the two is)."""
+    energy_per_byte: float | None = None
+    """Joules one byte sent or received takes; None: not known."""
+
+    def durations(self, bytes_down: float, flops: float, num_samples: int, local_epochs: int, bytes_up: float) -> tuple[float, float, float]:
+        """Seconds of a client-round's download, training (`flops` in all, or its samples each epoch)
+        and upload: the clock's one formula, for the client-rounds run and those planned (`fl.deadline_plans`)."""
+        compute = flops / self.speed if self.speed is not None else self.seconds_per_sample * num_samples * local_epochs
+        return bytes_down / self.down, compute, bytes_up / self.up
+
+    def energy(self, flops: float, bytes_moved: float) -> float | None:
+        """Joules of a client-round's training and communication; None where the device has no energy figures."""
+        if self.energy_per_flop is None and self.energy_per_byte is None:
+            return None
+        return flops * (self.energy_per_flop or 0.0) + bytes_moved * (self.energy_per_byte or 0.0)
 
     def online_until(self, t: float) -> float | None:
         """The end of the online stretch holding time `t` (inf: it never ends); None when offline at `t`."""
@@ -83,6 +100,19 @@ def _number(value: Any, field: str, where: str) -> float:
         raise ConfigError(field, value, f"a number ({where})") from None
     if not (math.isfinite(number) and number > 0):
         raise ConfigError(field, value, f"a positive number ({where})")
+    return number
+
+
+def _energy(value: Any, field: str, where: str) -> float | None:
+    """An optional energy figure: None where absent (or an empty CSV cell), else a number >= 0."""
+    if value in (None, ""):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(field, value, f"a number of joules >= 0 ({where})") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise ConfigError(field, value, f"a number of joules >= 0 ({where})")
     return number
 
 
@@ -140,6 +170,8 @@ def read_trace(path: str | Path) -> dict[int, Device]:
             _number(per_sample, f"{field} seconds_per_sample", where) if per_sample is not None else None,
             _intervals(row.get("online"), f"{field} online", where),
             period,
+            _energy(row.get("energy_per_flop"), f"{field} energy_per_flop", where),
+            _energy(row.get("energy_per_byte"), f"{field} energy_per_byte", where),
         )
     if not devices:
         raise ConfigError(field, str(path), "a trace with at least one device")
@@ -245,10 +277,12 @@ def client_tiers(config: ExperimentConfig) -> list[int]:
 
 
 def tier_devices(config: ExperimentConfig) -> list[Device]:
-    """Every client's device from the tier entries `devices.speed`, `down`, `up`."""
+    """Every client's device from the tier entries `devices.speed`, `down`, `up` (and energy figures)."""
     spec = config.devices
-    classes = [Device(float(absolute_amount(s)), float(absolute_amount(d)), float(absolute_amount(u)))
-               for s, d, u in zip(spec.speed, spec.down, spec.up)]
+    per_flop = spec.energy_per_flop or (None,) * len(spec.speed)
+    per_byte = spec.energy_per_byte or (None,) * len(spec.speed)
+    classes = [Device(float(absolute_amount(s)), float(absolute_amount(d)), float(absolute_amount(u)), energy_per_flop=f, energy_per_byte=b)
+               for s, d, u, f, b in zip(spec.speed, spec.down, spec.up, per_flop, per_byte)]
     return [classes[t] for t in client_tiers(config)]
 
 
@@ -260,8 +294,8 @@ def spread_devices(devices: Sequence[Device], sigma: float, seed: int) -> list[D
     spread = []
     for d, (zs, zb) in zip(devices, z):
         fs, fb = math.exp(sigma * zs), math.exp(sigma * zb)
-        spread.append(Device(d.speed * fs if d.speed else None, d.down * fb, d.up * fb,
-                             d.seconds_per_sample / fs if d.seconds_per_sample else None, d.online, d.period))
+        spread.append(replace(d, speed=d.speed * fs if d.speed else None, down=d.down * fb, up=d.up * fb,
+                              seconds_per_sample=d.seconds_per_sample / fs if d.seconds_per_sample else None))
     return spread
 
 
@@ -270,8 +304,26 @@ def assign_devices(config: ExperimentConfig) -> list[Device] | None:
     spec = config.devices
     if not spec.enabled:
         return None
-    devices = tier_devices(config) if spec.source == "tiers" else trace_devices(config)
+    if spec.source == "tiers":
+        devices = tier_devices(config)
+    else:  # the config's one energy figure stands in for those the trace does not give
+        devices = [replace(d, energy_per_flop=d.energy_per_flop if d.energy_per_flop is not None else (spec.energy_per_flop or (None,))[0],
+                           energy_per_byte=d.energy_per_byte if d.energy_per_byte is not None else (spec.energy_per_byte or (None,))[0])
+                   for d in trace_devices(config)]
     return spread_devices(devices, spec.spread, config.seed)
+
+
+DEADLINE_TIER = "all"
+"""The tier of the time budgets `fl.deadline_plans` gives clients without other budgets."""
+
+
+def deadline_budgets(config: ExperimentConfig, budgets: Sequence[ClientBudget | None]) -> list[ClientBudget | None]:
+    """Every client's budget with, under `fl.deadline_plans`, the round's deadline on its device as a
+    time budget (a client without budgets gets one of time alone, tier `all`); unchanged otherwise."""
+    if not config.fl.deadline_plans:
+        return list(budgets)
+    time = [TimeBudget(config.fl.deadline_s, device) for device in assign_devices(config)]
+    return [replace(b, time=t) if b is not None else ClientBudget(DEADLINE_TIER, None, None, None, t) for b, t in zip(budgets, time)]
 
 
 def synthetic_trace(count: int = 100, seed: int = 48, period: float = 86400.0) -> dict[str, Any]:

@@ -16,9 +16,14 @@ def expected_time(method: Method, task: ClientTask, global_state: StateDict, dev
     takes less)."""
     ctx = task.ctx
     down = tensor_bytes(method.client_state(global_state, task.spec), task.spec.masks)
-    if device.speed is not None:
-        cost = method.training_cost(task, min(ctx.train.batch_size, ctx.num_samples))
-        compute = cost.train_flops_per_sample * ctx.num_samples * ctx.train.local_epochs / device.speed
-    else:
-        compute = device.seconds_per_sample * ctx.num_samples * ctx.train.local_epochs
-    return ClientTime(ctx.client_id, 0.0, down / device.down, compute, method.upload_bytes(task.spec) / device.up)
+    flops = method.training_cost(task, min(ctx.train.batch_size, ctx.num_samples)).train_flops_per_sample * ctx.num_samples * ctx.train.local_epochs
+    return ClientTime(ctx.client_id, 0.0, *device.durations(down, flops, ctx.num_samples, ctx.train.local_epochs, method.upload_bytes(task.spec)))
+
+
+def meets_deadline(method: Method, task: ClientTask, global_state: StateDict) -> bool:
+    """Whether `task` ends within its client's time budget (`fl.deadline_plans`) on its device; True without one.
+    A ladder already chose the largest level that does; this holds every other method to the deadline."""
+    budget = task.ctx.budget
+    if budget is None or budget.time is None:
+        return True
+    return expected_time(method, task, global_state, budget.time.device).finish <= budget.time.seconds

@@ -27,7 +27,7 @@ from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from hfl.methods.base import Method
 from hfl.seeding import COHORT_STREAM, derive_seed
-from hfl.simulation.clock import client_time
+from hfl.simulation.clock import Availability, client_time, record_energy
 from hfl.simulation.devices import Device
 from hfl.simulation.policy import cohort_size, wait_for_devices
 from hfl.submodel.spec import extract
@@ -87,6 +87,7 @@ class FedBuffRounds:
 
     def __init__(self, config: ExperimentConfig, devices: Sequence[Device], saved: dict[str, Any] | None = None) -> None:
         self.config, self.devices = config, list(devices)
+        self.availability = Availability(self.devices)
         fl = config.fl
         self.concurrency = fl.async_concurrency or cohort_size(config)
         self.buffer_size = fl.async_buffer or max(1, self.concurrency // 2)
@@ -106,8 +107,9 @@ class FedBuffRounds:
     def _refill(self, global_state: StateDict, plan: Callable[[int], ClientTask | None], train: Train,
                 skipped: list[dict[str, Any]], failed: list[dict[str, Any]]) -> None:
         """Start clients online now (and not training) until `concurrency` are in flight."""
-        busy = {e.client for e in self.in_flight}
-        candidates = [c for c, d in enumerate(self.devices) if c not in busy and d.online_until(self.now) is not None]
+        idle = self.availability.online(self.now)
+        idle[[e.client for e in self.in_flight]] = False
+        candidates = np.flatnonzero(idle).tolist()
         tasks: list[ClientTask] = []
         while len(self.in_flight) + len(tasks) < self.concurrency and candidates:
             rng = np.random.default_rng(derive_seed(self.config.seed, self.dispatched, COHORT_STREAM, ASYNC_TAG))
@@ -126,6 +128,7 @@ class FedBuffRounds:
             t = client_time(self.devices[update.client_id], update.metrics, self.now, self.config.fl.local_epochs)
             update.metrics.update({"sim_start_s": self.now, "sim_down_s": t.down_s, "sim_compute_s": t.compute_s, "sim_up_s": t.up_s,
                                    "sim_comm_s": t.down_s + t.up_s, "sim_finish_s": t.finish, "version": self.version})
+            record_energy(update.metrics, self.devices[update.client_id])
             leaves = self.devices[update.client_id].online_until(self.now)
             if t.finish > leaves:
                 update.metrics.update({"dropped": "offline", "dropped_at_s": leaves})
@@ -146,7 +149,7 @@ class FedBuffRounds:
             if not self.in_flight:
                 if len(skipped) + len(failed) > before:  # every client online now sat out or failed: a step with what arrived, not a spin
                     break
-                self.now = wait_for_devices(self.devices, math.nextafter(self.now, math.inf))
+                self.now = wait_for_devices(self.availability, math.nextafter(self.now, math.inf))
                 continue
             entry = heapq.heappop(self.in_flight)
             self.now = entry.at

@@ -12,7 +12,7 @@ import numpy as np
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from hfl.seeding import COHORT_STREAM, derive_seed
-from hfl.simulation.clock import RoundTiming, available, client_time, next_online, sample_available, time_round
+from hfl.simulation.clock import Availability, RoundTiming, client_time, record_energy, sample_available, time_round
 from hfl.simulation.devices import Device
 from hfl.types import ClientUpdate
 
@@ -30,9 +30,9 @@ def sampled_size(config: ExperimentConfig) -> int:
     return m
 
 
-def wait_for_devices(devices: Sequence[Device], now: float) -> float:
+def wait_for_devices(availability: Availability, now: float) -> float:
     """`now`, or the first later time some device is online; a ConfigError if none ever is again."""
-    start = next_online(devices, now)
+    start = availability.next_online(now)
     if start is None:
         raise ConfigError("devices.trace", f"online intervals ending before {now:.6g} s", "a trace in which some device is online "
                           "again (give it a period, or longer intervals): the run has outlived every device's last interval")
@@ -44,23 +44,25 @@ class SyncRounds:
 
     def __init__(self, config: ExperimentConfig, devices: Sequence[Device], saved: dict[str, Any] | None = None) -> None:
         self.config, self.devices = config, list(devices)
+        self.availability = Availability(self.devices)
         self.now = float(saved["now"]) if saved else 0.0
         """When the next round starts (the end of the last)."""
 
     def cohort(self, round_: int) -> tuple[list[int], float]:
         """Round `round_`'s clients (drawn from those online when it starts) and its start."""
-        start = wait_for_devices(self.devices, self.now)
+        start = wait_for_devices(self.availability, self.now)
         rng = np.random.default_rng(derive_seed(self.config.seed, round_, COHORT_STREAM))
-        return sample_available(rng, self.config.fl.clients, available(self.devices, start), sampled_size(self.config)), start
+        return sample_available(rng, self.config.fl.clients, self.availability.clients(start), sampled_size(self.config)), start
 
     def settle(self, start: float, updates: Sequence[ClientUpdate]) -> tuple[list[ClientUpdate], dict[str, Any]]:
         """The updates the round aggregates and what its record says about time; the clock moves to its end.
-        Every update's metrics gain its simulated seconds (and, when dropped, why and when)."""
+        Every update's metrics gain its simulated seconds (and, when dropped, why and when) and its energy."""
         fl = self.config.fl
         times = [client_time(self.devices[u.client_id], u.metrics, start, fl.local_epochs) for u in updates]
         timing = time_round(fl.round_policy, start, times, self.devices, fl.deadline_s, cohort_size(self.config))
         for u in updates:
             annotate(u.metrics, timing)
+            record_energy(u.metrics, self.devices[u.client_id])
         self.now = timing.end
         kept = set(timing.kept)
         return [u for u in updates if u.client_id in kept], round_fields(timing)

@@ -6,11 +6,13 @@ sub-models, SplitMix's number of bases and Decoupled's separate models are each 
 typed options for a client that trains it. The ladder owns what those methods share:
 
 - fitting a level to a client's budgets: a level fits when the method's estimated training cost of
-  it stays within the client's memory, FLOPs (per client-round) and upload budgets;
+  it stays within the client's memory, FLOPs (per client-round) and upload budgets, and, with a time
+  budget (`fl.deadline_plans`), when its download, training and upload end within the deadline on
+  the client's device;
 - choosing a client's level each round: the largest that fits; or, with `tier_window` >= 0, NeFL's
   dynamic tiers (appendix B.7): tier t draws uniformly among the levels within `tier_window` of its
-  own, the tier being the largest fitting level (clients without a memory budget split into equal
-  tiers); a client no level fits sits the round out;
+  own, the tier being the largest fitting level (clients with neither a memory nor a time budget
+  split into equal tiers); a client no level fits sits the round out;
 - which levels were trained (the server records the level of every update in the method state),
   which sub-models are scored every evaluation and which one is "the global model";
 - the rows `hfl budget` prints about the levels.
@@ -22,6 +24,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -77,9 +81,9 @@ class DynamicTiers:
         self.levels, self.window, self.num_clients = levels, window, num_clients
 
     def tier(self, ctx: RoundContext, fits: Callable[[int], bool]) -> int | None:
-        """The client's tier: the largest level fitting its memory budget (None if none does), or its
-        equal share of the clients when it has no memory budget (client ids carry no data order)."""
-        if ctx.budget is None or ctx.budget.memory_bytes is None:
+        """The client's tier: the largest level fitting its memory and time budgets (None if none does), or
+        its equal share of the clients when it has neither (client ids carry no data order)."""
+        if not sizes_levels(ctx.budget):
             return equal_share(ctx.client_id, self.num_clients, self.levels)
         return next((k for k in reversed(range(self.levels)) if fits(k)), None)
 
@@ -89,8 +93,7 @@ class DynamicTiers:
         if tier is None:
             return []
         window = range(max(0, tier - self.window), min(self.levels - 1, tier + self.window) + 1)
-        budgeted = ctx.budget is not None and ctx.budget.memory_bytes is not None
-        return [k for k in window if not budgeted or (k <= tier and fits(k))]
+        return [k for k in window if not sizes_levels(ctx.budget) or (k <= tier and fits(k))]
 
     @staticmethod
     def pick(ctx: RoundContext, allowed: Sequence[int]) -> int | None:
@@ -148,9 +151,9 @@ class Ladder:
         return ClientTask(ctx, spec, options, level=level.name, choices=tuple(choices))
 
     def fits(self, level: Level, ctx: RoundContext) -> bool:
-        """Whether training `level` stays within the client's memory, FLOPs and upload budgets."""
+        """Whether training `level` stays within the client's memory, FLOPs, upload and time budgets."""
         budget = ctx.budget
-        if budget is None or (budget.memory_bytes is None and budget.flops is None and budget.upload_bytes is None):
+        if budget is None or (budget.memory_bytes is None and budget.flops is None and budget.upload_bytes is None and budget.time is None):
             return True
         cost = self.cost(ClientTask(ctx, level.spec, level.options, level=level.name), min(ctx.train.batch_size, ctx.num_samples))
         flops = cost.train_flops_per_sample * ctx.num_samples * ctx.train.local_epochs
@@ -158,7 +161,14 @@ class Ladder:
             (budget.memory_bytes is None or cost.peak_bytes <= budget.memory_bytes)
             and (budget.flops is None or flops <= budget.flops)
             and (budget.upload_bytes is None or self.upload is None or self.upload(level.spec) <= budget.upload_bytes)
+            and (budget.time is None or self.upload is None or self.in_time(budget, level.spec, flops, ctx))
         )
+
+    def in_time(self, budget: ClientBudget, spec: SubmodelSpec, flops: int, ctx: RoundContext) -> bool:
+        """Whether a client-round of `spec` ends within the time budget. A client receives its client
+        model's tensors, what it would send back with nothing frozen (as the round records bytes down)."""
+        down = self.upload(replace(spec, frozen=frozenset()))
+        return budget.time.admits(down, flops, ctx.num_samples, ctx.train.local_epochs, self.upload(spec))
 
     def task(self, ctx: RoundContext) -> ClientTask | None:
         """This client-round's task: its level's spec and options; None when no level fits."""
@@ -167,7 +177,7 @@ class Ladder:
         if self.tiers is not None:
             choices = self.tiers.allowed(ctx, lambda k: self.fits(self.levels[k], ctx))
             index = self.tiers.pick(ctx, choices)
-        elif self.unbudgeted == "shares" and (ctx.budget is None or ctx.budget.memory_bytes is None):
+        elif self.unbudgeted == "shares" and not sizes_levels(ctx.budget):
             index = equal_share(ctx.client_id, self.num_clients, count)  # as the tiers split clients without budgets
         else:
             index = next((k for k in reversed(range(count)) if self.fits(self.levels[k], ctx)), None)
@@ -211,6 +221,12 @@ class Ladder:
                 level = self[row["name"]]
                 row["peak_bytes"] = self.cost(ClientTask(ctx, level.spec, level.options, level=level.name), batch).peak_bytes
         return rows
+
+
+def sizes_levels(budget: ClientBudget | None) -> bool:
+    """Whether a budget picks the client's level by fitting (a memory or a time budget), rather than
+    leaving it to the method's policy for unbudgeted clients (FLOPs and upload budgets only bound it)."""
+    return budget is not None and (budget.memory_bytes is not None or budget.time is not None)
 
 
 def budget_centres(budgets: Sequence[ClientBudget | None], k: int) -> list[float]:
