@@ -34,7 +34,7 @@ from hfl.data import TokenDataset
 from hfl.experiment import ClientEnvironment, model_norm
 from hfl.inference import blockwise_inference, standard_inference
 from hfl.pruning.nsconv import load_masks
-from hfl.seeding import SBN_STREAM, derive_seed
+from hfl.seeding import SBN_STREAM, aside_from_torch_stream, derive_seed
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import StateDict
 
@@ -56,7 +56,8 @@ class Evaluator:
         if spec.shape not in self._models:
             # Static BN is evaluated with running statistics (recomputed below); other norms as trained.
             norm = "bn" if self.static_bn else None
-            self._models[spec.shape] = self.env.method.client_model(spec, norm=norm).to(self.env.device)
+            with aside_from_torch_stream():
+                self._models[spec.shape] = self.env.method.client_model(spec, norm=norm).to(self.env.device)
         return self._models[spec.shape]
 
     def _train_inputs(self) -> Iterator[Tensor]:

@@ -40,7 +40,12 @@ from hfl.methods.base import Method, Resources
 from hfl.models import ScalableModel, build_model, is_family_source
 from hfl.models.family import ClassLabels, load_family_weights, resolve_source
 from hfl.registry import METHODS, import_class, import_plugins
-from hfl.seeding import PARTITION_STREAM, SERVER_SPLIT_STREAM, derive_seed
+from hfl.seeding import (
+    PARTITION_STREAM,
+    SERVER_SPLIT_STREAM,
+    aside_from_torch_stream,
+    derive_seed,
+)
 from hfl.simulation.devices import deadline_budgets
 from hfl.submodel.spec import SubmodelSpec
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
@@ -301,7 +306,8 @@ class ClientEnvironment:
     def model(self, spec: SubmodelSpec) -> nn.Module:
         """A client model of the spec's shape, built once per process and reused by every client."""
         if spec.shape not in self._models:
-            self._models[spec.shape] = self.method.client_model(spec).to(self.device)
+            with aside_from_torch_stream():
+                self._models[spec.shape] = self.method.client_model(spec).to(self.device)
         return self._models[spec.shape]
 
     def batches(self, task: ClientTask) -> ClientBatches:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
+import torch
 
 
 def derive_seed(*parts: int) -> int:
@@ -35,3 +39,14 @@ PRETRAIN_AUGMENT_STREAM = 2**31 - 12
 """`hfl pretrain`: each step's image augmentation."""
 DEVICE_STREAM = 2**31 - 13
 """The spread of simulated devices within a tier (hfl.simulation)."""
+
+
+@contextlib.contextmanager
+def aside_from_torch_stream() -> Iterator[None]:
+    """Run a block without moving torch's global generator: for the models hfl builds lazily (the
+    client and evaluation model caches, the accountant's probes), whose first use falls in another
+    round in a resumed process than in an uninterrupted one. Their weights never reach a number
+    (clients and evaluation load the global state's), and user code drawing from torch's global
+    generator then sees the same stream after a resume, as it does numpy's and Python's."""
+    with torch.random.fork_rng(devices=[]):
+        yield

@@ -19,6 +19,7 @@ from hfl.accounting.cost import (
     zero_inputs,
 )
 from hfl.models.base import ScalableModel
+from hfl.seeding import aside_from_torch_stream
 
 ModelFactory = Callable[[float], ScalableModel]
 SHARED_COSTS_KEPT = 4096
@@ -133,5 +134,6 @@ class Accountant:
         if full_key not in store:
             if store is _shared_costs and len(store) >= SHARED_COSTS_KEPT:
                 del store[next(iter(store))]
-            store[full_key] = measured()
+            with aside_from_torch_stream():  # the probe models are built lazily
+                store[full_key] = measured()
         return store[full_key]
