@@ -359,8 +359,11 @@ class RayBackend:
         state_ref = ray.put({k: v.cpu() for k, v in global_state.items()})  # once per round
         for attempt in (1, 2):
             nodes = self._alive_nodes()
-            if nodes.keys() != self.nodes.keys():
-                log.warning("ray: the cluster's live nodes changed (%d -> %d): planning the pools again", len(self.nodes), len(nodes))
+            # Resources too, not only node ids: a node that has just joined may list its custom
+            # resources (hfl_tier_*) a moment after it is alive.
+            if nodes != self.nodes:
+                log.warning("ray: the cluster's live nodes or their resources changed (%d -> %d nodes): planning the pools again",
+                            len(self.nodes), len(nodes))
                 self._replan(nodes)
             members: dict[str, list[int]] = {}
             for i, task in enumerate(tasks):
@@ -370,7 +373,7 @@ class RayBackend:
             empty = [name for name in sorted(members, key=lambda n: n == SHARED_POOL) if not self._fill(name, len(members[name]))]
             # A pool none of whose actors started may have lost its nodes since they were counted:
             # planned again, its clients may go to another pool.
-            if not empty or attempt == 2 or self._alive_nodes().keys() == self.nodes.keys():
+            if not empty or attempt == 2 or self._alive_nodes() == self.nodes:
                 break
         queues: dict[str, deque[list[int]]] = {}
         failed: list[dict[str, Any]] = []
