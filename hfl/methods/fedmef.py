@@ -25,23 +25,31 @@ Dynamic Pruning", CVPR 2024 (Algorithm 1): FedTiny's server-side prune/grow plus
   The growth criterion's dense gradient is taken with respect to the effective weights the
   convolutions apply (the stored weights' gradient is masked by the standardisation), and a grown
   entry starts at 0 in those effective weights (`aggregate`).
+
+hfl's options beyond the paper, off by default (issue 49): `nf_block=pre` (NF-ResNets' pre-activation
+blocks, `hfl.models.normfree`), `bae_target=applied` (extrusion, marking and the server's drop on the
+weights NSConv applies, as Algorithm 1 writes θ̂), `sap_layers=relu_conv` (SAP on ReLU -> conv inputs
+only); the client option `fl.agc` (adaptive gradient clipping) serves any method.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor, nn
 
-from hfl.errors import ConfigError, check
+from hfl.errors import ConfigError, check, check_choice
 from hfl.methods.base import Client, Resources
 from hfl.methods.fedtiny import Adjustment, FedTiny, FedTinyConfig, SparseTrainingState
 from hfl.models.base import ResidualBlock, ScalableModel
-from hfl.pruning.nsconv import RELU_GAMMA, grown_at_zero, normalize_convolutions
+from hfl.models.normfree import preactivate_norm_free
+from hfl.models.resnet import ResNet
+from hfl.pruning.nsconv import RELU_GAMMA, NSConv2d, applied_in_stored_units, effective_weight, grown_at_zero, normalize_convolutions
 from hfl.pruning.sap import prune_activations
 from hfl.pruning.schedules import extrusion_learning_rate
 from hfl.pruning.selection import lowest_magnitude
@@ -80,8 +88,32 @@ class FedMefConfig(FedTinyConfig):
     parameter keeps every branch's output for backward (ResNet-18 at batch 64: 60 MiB more
     activations). 0: unscaled (the plain network)."""
 
+    nf_block: str = "model"
+    """With NSConv, the residual blocks: model (the model's own, post-activation for ResNet-18, with
+    ReLU on the residual stream) or pre (NF-ResNets' pre-activation blocks, Brock et al. 2021: the
+    branch reads its input divided by β, the stream's expected standard deviation, and each block
+    starts as the identity, its last convolution's per-filter gain at 0; needs `ns_affine`; ResNets
+    only). Not the paper's: an hfl addition for the norm-free model's slow training (issue 49)."""
+    bae_target: str = "stored"
+    """What budget-aware extrusion acts on: stored (the weights θ as kept, the default) or applied
+    (Algorithm 1's θ̂ = γ(θ − μ)/(σ√k), the standardised weight each NSConv applies: driving θ to 0
+    leaves θ̂ at −γμ/(σ√k)). With applied, θ_low is marked and the server drops by |what each layer
+    applies| (its gain included), and the term is λ‖θ̂_low / c‖², c = γ/(σ√k) per filter held constant
+    in the step, so that λ and its calibration keep their meaning in the stored weights' units."""
+    sap_layers: str = "all"
+    """Which layers' inputs scaled activation pruning compresses: all (every Conv2d and Linear, the
+    default) or relu_conv (the convolutions the paper frames it for, whose inputs are ReLU outputs:
+    the first convolution, reading the image, and the linear layers keep theirs whole). In MobileNetV2
+    relu_conv still compresses the expanding convolutions, which read the linear bottleneck."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_choice("nf_block", self.nf_block, ("model", "pre"))
+        check_choice("bae_target", self.bae_target, ("stored", "applied"))
+        check_choice("sap_layers", self.sap_layers, ("all", "relu_conv"))
+        check(self.nf_block == "model" or (self.nsconv and self.ns_affine), "nf_block", self.nf_block,
+              "model unless nsconv and ns_affine are true (the skip gain is the last convolution's NSConv gain)")
+        check(self.bae_target == "stored" or self.nsconv, "bae_target", self.bae_target, "stored unless nsconv is true")
         check(self.ns_gamma > 0, "ns_gamma", self.ns_gamma, "a number > 0")
         check(self.residual_scale >= 0, "residual_scale", self.residual_scale, "a number >= 0 (0: unscaled)")
         check(self.bae_lambda is None or self.bae_lambda >= 0, "bae_lambda", self.bae_lambda, "a number >= 0, or null (calibrated)")
@@ -102,27 +134,39 @@ class FedMef(FedTiny):
         norm = resources.model.norm
         if config.nsconv and norm != "none":
             raise ConfigError("model.norm", norm, "none with method.nsconv=true (NSConv models have no normalisation layers; or set method.nsconv=false)")
+        if config.nf_block == "pre" and not isinstance(resources.model, ResNet):
+            raise ConfigError("method.nf_block", config.nf_block, f"model for {type(resources.model).__name__} (pre-activation norm-free blocks are ResNets')")
         super().__init__(config, resources)
         self.model = self.adapt_model(self.model)
 
     def adapt_model(self, model: ScalableModel) -> ScalableModel:
-        if not self.config.nsconv:
+        config = self.config
+        if not config.nsconv:
             return model
-        if self.config.residual_scale:
+        if config.residual_scale:
             for block in getattr(model, "body", ()):
                 if isinstance(block, ResidualBlock):  # MobileNetV2's blocks without a shortcut are not
-                    block.fix_step_sizes(self.config.residual_scale)
-        return normalize_convolutions(model, self.config.ns_gamma, self.config.ns_affine)
+                    block.fix_step_sizes(config.residual_scale)
+        blocks = preactivate_norm_free(model, config.residual_scale or 1.0) if config.nf_block == "pre" else []
+        normalize_convolutions(model, config.ns_gamma, config.ns_affine)
+        with torch.no_grad():
+            for block in blocks:  # each block starts as the identity (NF-ResNets' skip gain at 0)
+                block.conv2.gain.zero_()
+        return model
 
     def client_model(self, spec: SubmodelSpec, norm: str | None = None) -> nn.Module:
-        return prune_activations(super().client_model(spec, norm), self.config.activation_sparsity, self.relu_masks)
+        return self.with_sap(super().client_model(spec, norm), self.relu_masks)
+
+    def with_sap(self, model: nn.Module, relu_masks: bool) -> nn.Module:
+        """`model` with scaled activation pruning on the layers `sap_layers` names."""
+        return prune_activations(model, self.config.activation_sparsity, relu_masks, self.config.sap_layers == "relu_conv")
 
     @cached_property
     def relu_masks(self) -> bool:
         """Whether the client's ReLUs keep boolean masks instead of their outputs: whichever gives
         the lower measured training peak of the whole model with SAP (see the module docstring)."""
         def peak(masks: bool) -> int:
-            build = lambda: prune_activations(super(FedMef, self).client_model(full_spec()), self.config.activation_sparsity, masks)
+            build = lambda: self.with_sap(super(FedMef, self).client_model(full_spec()), masks)
             return self.resources.accountant.cost(("sap", masks), build, self.resources.batch_size, count_flops=False).peak_bytes
 
         # Measured on the CPU whoever asks first: `upload_bytes` builds client models on the meta device.
@@ -156,6 +200,32 @@ class FedMef(FedTiny):
             weights[key] = grown_at_zero(stored, state.masks[key].to(stored.device), new.to(stored.device))
         return weights, adjusted
 
+    def drop_magnitudes(self, weights: StateDict, masks: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        """With `bae_target=applied`, what each layer applies (an NSConv's standardised weight times
+        its gain): what the server drops and extrusion marks; else the stored weights, as FedTiny."""
+        if self.config.bae_target == "stored":
+            return {k: weights[k] for k in masks}
+        out = {}
+        for key, mask in masks.items():
+            weight = weights[key]
+            if weight.dim() == 4:  # a convolution: an NSConv
+                gain = weights.get(key.removesuffix("weight") + "gain")
+                weight = effective_weight(weight, mask.to(weight.device), self.config.ns_gamma, gain)
+            out[key] = weight
+        return out
+
+    def extruded_weights(self, model: nn.Module, keys: Iterable[str]) -> dict[str, Tensor]:
+        """Per key, the weight whose marked entries the surrogate term shrinks: the stored one, or
+        with `bae_target=applied` an NSConv's standardised one in stored units (`applied_in_stored_units`)."""
+        params = dict(model.named_parameters())
+        if self.config.bae_target == "stored":
+            return {k: params[k] for k in keys}
+        out = {}
+        for key in keys:
+            layer = model.get_submodule(key.removesuffix(".weight"))
+            out[key] = applied_in_stored_units(layer.weight, layer.mask, layer.gamma) if isinstance(layer, NSConv2d) else params[key]
+        return out
+
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         terms = super().objective(client, x, y)
         adjustment = client.task.options
@@ -165,9 +235,12 @@ class FedMef(FedTiny):
         if client.steps == 0 or client not in self.marked:
             # Marked once per round, on the weights the client received (Algorithm 1), kept as flat positions.
             masks = {k: m.to(params[k].device) for k, m in client.task.spec.masks.items()}
-            low = lowest_magnitude({k: params[k].detach() for k in masks}, masks, adjustment.counts)
+            with torch.no_grad():
+                magnitudes = self.drop_magnitudes(client.model.state_dict(), masks)
+            low = lowest_magnitude(magnitudes, masks, adjustment.counts)
             self.marked[client] = {k: low[k].view(-1).nonzero().squeeze(1) for k in masks}
-        squared = sum(params[k].view(-1)[positions].square().sum() for k, positions in self.marked[client].items())
+        extruded = self.extruded_weights(client.model, self.marked[client])
+        squared = sum(extruded[k].view(-1)[positions].square().sum() for k, positions in self.marked[client].items())
         terms["extrusion"] = squared.detach()
         ctx = client.task.ctx
         initial_lr = ctx.train.lr if ctx.train.initial_lr is None else ctx.train.initial_lr

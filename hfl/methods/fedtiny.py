@@ -128,6 +128,11 @@ class FedTiny(SparseStart):
         device_masks = {k: m.to(gradients[k].device) for k, m in masks.items()}
         return encode_gradients(top_pruned_gradients(gradients, device_masks, adjustment.counts))
 
+    def drop_magnitudes(self, weights: StateDict, masks: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        """What the server's prune step ranks by magnitude, per key of `masks`: the averaged weights,
+        which the layers apply as they are (FedMef's NSConv applies standardised ones)."""
+        return weights
+
     def aggregate(
         self, global_state: StateDict, updates: list[ClientUpdate], state: SparseTrainingState
     ) -> tuple[StateDict, SparseTrainingState]:
@@ -140,6 +145,7 @@ class FedTiny(SparseStart):
             return weights, state
         masks = {k: m.to(weights[k].device) for k, m in state.masks.items()}
         gradients = averaged_gradients(updates, {k: weights[k] for k in masks})
-        new_masks, adjusted = prune_and_grow(weights, masks, gradients, self.adjustment_counts(round_, masks))
+        counts = self.adjustment_counts(round_, masks)
+        new_masks, adjusted = prune_and_grow(weights, masks, gradients, counts, self.drop_magnitudes(weights, masks))
         return adjusted, replace(state, masks={k: m.cpu() for k, m in new_masks.items()})
 

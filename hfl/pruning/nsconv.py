@@ -111,6 +111,16 @@ def effective_weight(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA, ga
     return _EffectiveWeight.apply(weight, mask, gamma, gain)
 
 
+def applied_in_stored_units(weight: Tensor, mask: Tensor, gamma: float = RELU_GAMMA) -> Tensor:
+    """θ̂ / c: the standardised weight NSConv applies (its gain aside), divided by its filter's scale
+    c = γ/(σ√k) taken as a constant (no gradient flows through it): at the kept entries (θ − μ)
+    (1 + O(1/k) in the gradient), so a penalty on it pulls θ̂ to 0 at the rate a penalty on θ pulls θ."""
+    with torch.no_grad():
+        count, _mean, sigma = _filter_statistics(weight.flatten(1), mask.flatten(1))
+        scale = (gamma / (sigma * count.sqrt())).view(-1, *[1] * (weight.dim() - 1))
+    return effective_weight(weight, mask, gamma) / scale
+
+
 def grown_at_zero(weight: Tensor, before: Tensor, after: Tensor) -> Tensor:
     """`weight` with the entries `after` keeps and `before` did not (grown by a mask adjustment) set
     to their filter's mean over the entries both keep: that mean, and so every survivor's

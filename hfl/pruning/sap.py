@@ -171,14 +171,19 @@ class MaskReLU(nn.ReLU):
 _PRUNED = {nn.Conv2d: ActivationPrunedConv2d, NSConv2d: ActivationPrunedNSConv2d, nn.Linear: ActivationPrunedLinear}
 
 
-def prune_activations(model: nn.Module, sparsity: float, relu_masks: bool = False) -> nn.Module:
+def prune_activations(model: nn.Module, sparsity: float, relu_masks: bool = False, relu_conv_only: bool = False) -> nn.Module:
     """Switch every Conv2d (NSConv2d included) and Linear of `model` (in place) to its activation-pruned twin, keeping
     their parameters, state keys and hooks (with `relu_masks`, every ReLU to `MaskReLU` too); returns
-    `model`. Layers already switched take the new `sparsity`."""
+    `model`. Layers already switched take the new `sparsity`. With `relu_conv_only`, only the
+    convolutions after the model's first are switched: the first reads the model's input (an image,
+    not a ReLU's output) and the linear layers read pooled features, so their gradients stay exact."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"activation sparsity must lie in [0, 1), got {sparsity}")
+    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     for module in model.modules():
         pruned = _PRUNED.get(type(module))
+        if relu_conv_only and (module is first_conv or isinstance(module, nn.Linear)):
+            pruned = None
         if pruned is ActivationPrunedConv2d and (module.padding_mode != "zeros" or isinstance(module.padding, str)):
             raise ValueError(f"scaled activation pruning needs numeric zero padding, got {module.padding_mode!r} / {module.padding!r}")
         if relu_masks and type(module) is nn.ReLU:

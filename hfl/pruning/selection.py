@@ -43,10 +43,12 @@ def lowest_magnitude(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
 
 
 def prune_and_grow(
-    weights: Mapping[str, Tensor], masks: Mapping[str, Tensor], gradients: Mapping[str, Tensor], counts: Mapping[str, int]
+    weights: Mapping[str, Tensor], masks: Mapping[str, Tensor], gradients: Mapping[str, Tensor], counts: Mapping[str, int],
+    magnitudes: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The server's mask adjustment (FedTiny, FedMef): per layer drop the ξ kept entries of smallest
-    |θ̄| and grow the ξ pruned entries of largest |ḡ|, θ̄ and ḡ the averaged weights and gradients.
+    |θ̄| (of `magnitudes[key]` where given: what the layer applies, FedMef's θ̂) and grow the ξ pruned
+    entries of largest |ḡ|, θ̄ and ḡ the averaged weights and gradients.
     Returns (new masks, weights with dropped entries zeroed and grown ones set to 0). Only entries
     pruned before the adjustment can grow (they are the ones clients report gradients for), and ξ is
     capped by the number of pruned entries, so each layer keeps its count of kept entries."""
@@ -55,7 +57,7 @@ def prune_and_grow(
         count = droppable(mask, counts[key])
         new = mask.clone()
         flat = new.view(-1)
-        flat[_smallest_active(weights[key], mask, count)] = False
+        flat[_smallest_active((magnitudes or weights)[key], mask, count)] = False
         flat[_largest_inactive(gradients[key], mask, count)] = True
         new_masks[key] = new
         new_weights[key] = weights[key] * (new & mask)  # grown entries start at 0
