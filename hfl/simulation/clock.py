@@ -34,11 +34,16 @@ class ClientTime:
 
 def client_time(device: Device, metrics: Mapping[str, Any], start: float, local_epochs: int) -> ClientTime:
     """The simulated times of a client-round whose metrics (bytes_down, flops, bytes_up, num_samples) are given."""
-    if device.speed is not None:
-        compute = metrics["flops"] / device.speed
-    else:
-        compute = device.seconds_per_sample * metrics["num_samples"] * local_epochs
-    return ClientTime(int(metrics["id"]), start, metrics["bytes_down"] / device.down, compute, metrics["bytes_up"] / device.up)
+    down, compute, up = device.durations(metrics["bytes_down"], metrics["flops"], metrics["num_samples"], local_epochs, metrics["bytes_up"])
+    return ClientTime(int(metrics["id"]), start, down, compute, up)
+
+
+def record_energy(metrics: dict[str, Any], device: Device) -> None:
+    """A client-round's metrics with `energy_j`, the joules its training FLOPs and its bytes down and up
+    took (all of them, also where it was dropped: that work was spent), where its device has energy figures."""
+    energy = device.energy(metrics["flops"], metrics["bytes_down"] + metrics["bytes_up"])
+    if energy is not None:
+        metrics["energy_j"] = energy
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from hfl.methods.base import Method
 from hfl.seeding import COHORT_STREAM, derive_seed
-from hfl.simulation.clock import Availability, client_time
+from hfl.simulation.clock import Availability, client_time, record_energy
 from hfl.simulation.devices import Device
 from hfl.simulation.policy import cohort_size, wait_for_devices
 from hfl.submodel.spec import extract
@@ -128,6 +128,7 @@ class FedBuffRounds:
             t = client_time(self.devices[update.client_id], update.metrics, self.now, self.config.fl.local_epochs)
             update.metrics.update({"sim_start_s": self.now, "sim_down_s": t.down_s, "sim_compute_s": t.compute_s, "sim_up_s": t.up_s,
                                    "sim_comm_s": t.down_s + t.up_s, "sim_finish_s": t.finish, "version": self.version})
+            record_energy(update.metrics, self.devices[update.client_id])
             leaves = self.devices[update.client_id].online_until(self.now)
             if t.finish > leaves:
                 update.metrics.update({"dropped": "offline", "dropped_at_s": leaves})

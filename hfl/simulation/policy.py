@@ -12,7 +12,7 @@ import numpy as np
 from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError
 from hfl.seeding import COHORT_STREAM, derive_seed
-from hfl.simulation.clock import Availability, RoundTiming, client_time, sample_available, time_round
+from hfl.simulation.clock import Availability, RoundTiming, client_time, record_energy, sample_available, time_round
 from hfl.simulation.devices import Device
 from hfl.types import ClientUpdate
 
@@ -56,12 +56,13 @@ class SyncRounds:
 
     def settle(self, start: float, updates: Sequence[ClientUpdate]) -> tuple[list[ClientUpdate], dict[str, Any]]:
         """The updates the round aggregates and what its record says about time; the clock moves to its end.
-        Every update's metrics gain its simulated seconds (and, when dropped, why and when)."""
+        Every update's metrics gain its simulated seconds (and, when dropped, why and when) and its energy."""
         fl = self.config.fl
         times = [client_time(self.devices[u.client_id], u.metrics, start, fl.local_epochs) for u in updates]
         timing = time_round(fl.round_policy, start, times, self.devices, fl.deadline_s, cohort_size(self.config))
         for u in updates:
             annotate(u.metrics, timing)
+            record_energy(u.metrics, self.devices[u.client_id])
         self.now = timing.end
         kept = set(timing.kept)
         return [u for u in updates if u.client_id in kept], round_fields(timing)
