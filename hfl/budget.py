@@ -14,7 +14,7 @@ from torch import nn
 
 from hfl.accounting.amounts import parse_width
 from hfl.accounting.budgets import assign_budgets
-from hfl.accounting.cost import OPTIMIZER_STATE_COPIES
+from hfl.accounting.cost import OPTIMIZER_STATE_COPIES, tensor_bytes
 from hfl.accounting.flops import FlopCounterMode
 from hfl.config import ExperimentConfig, build_dataclass
 from hfl.experiment import ClientEnvironment, accountant_for, build_model_for, train_settings
@@ -181,13 +181,24 @@ def activation_elements(model: nn.Module, batch: torch.Tensor) -> int:
     return total
 
 
+def sparse_weight_saving(state: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> int:
+    """Bytes a client saves by holding the weights `masks` prunes sparse, their kept values and
+    positions in the appendix's storage by density (what `tensor_bytes` counts for uploads), instead
+    of masked-dense."""
+    masked = {k: state[k] for k in masks}
+    return sum(t.numel() * t.element_size() for t in masked.values()) - tensor_bytes(masked, masks)
+
+
 def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tuple[float, ...] = SPARSITIES) -> list[dict[str, Any]]:
     """FedMef's Table 1 / Table 5 quantities for one client of the mean partition size in one
     adjustment round (the first, round ΔR), per method and sparsity (FedAvg once, dense):
 
     - params: the global model's weights in the appendix's sparse storage by density;
     - activations: the bytes autograd saves for backward in one batch, measured on the client's model
-      (SAP's compressed copies for FedMef); peak: hfl's measured training peak;
+      (SAP's compressed copies for FedMef); peak: hfl's measured training peak, which holds pruned
+      weights masked-dense as hfl trains them (FedTiny's equals FedAvg's); sparse_peak: that peak with
+      the pruned weights held as a sparse client stores them, their kept values and positions in the
+      storage uploads are counted in (`sparse_weight_saving`; gradients and optimiser state stay dense);
     - paper_memory: the appendix's estimate from these, 2M_p + 2M_a (FedAvg, FL-PQSU), + M_ξ (FedDST,
       FedTiny), 2M_p + M_a(SAP) + M_a(dense) + M_ξ (FedMef), M_ξ the top-ξ gradients and positions;
       each row's M_a from its own model, so the rows on the norm-free model ("fedtiny, no norms",
@@ -245,6 +256,7 @@ def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tu
                 "param_bytes": params,
                 "activation_bytes": cost.activation_bytes,
                 "peak_bytes": cost.peak_bytes,
+                "sparse_peak_bytes": cost.peak_bytes - sparse_weight_saving(method.model.state_dict(), masks),
                 "paper_memory_bytes": paper_memory,
                 "train_flops": int(flops),
                 "bytes_down": params,

@@ -372,8 +372,9 @@ def command_budget(args: argparse.Namespace) -> int:
     if report.get("sparse"):
         print("\nSparse training, FedMef's Table 1 / Table 5 form (one client of the mean partition, one adjustment round; "
               "memory in MiB, the paper's estimate 2M_p + 2M_a (+ M_xi), FedMef's 2M_p + M_a(SAP) + M_a(dense) + M_xi)")
-        print(table(["method", "sparsity", "params", "activations", "peak (measured)", "paper's estimate", "train GFLOPs", "x FedAvg", "down+up", "x FedAvg"],
-                    [[r["method"], f"{r['sparsity']:g}", mib(r["param_bytes"]), mib(r["activation_bytes"]), mib(r["peak_bytes"]),
+        print(table(["method", "sparsity", "params", "activations", "peak (measured)", "peak, sparse weights", "paper's estimate", "train GFLOPs",
+                     "x FedAvg", "down+up", "x FedAvg"],
+                    [[r["method"], f"{r['sparsity']:g}", mib(r["param_bytes"]), mib(r["activation_bytes"]), mib(r["peak_bytes"]), mib(r["sparse_peak_bytes"]),
                       mib(r["paper_memory_bytes"]), f"{r['train_flops'] / 1e9:.1f}", f"{r['flops_ratio']:.3f}",
                       mib(r["bytes_down"] + r["bytes_up"]), f"{r['exchange_ratio']:.3f}"] for r in report["sparse"]]))
     if args.json:
