@@ -99,6 +99,23 @@ def test_a_run_with_deadline_plans_trains_the_largest_sub_model_in_time_and_with
             assert expected_time(env.method, ladder.task_for(ctx, ladder[level]), state.global_state, ctx.budget.time.device).finish > 0.3
 
 
+def test_a_method_without_sub_models_skips_the_clients_that_cannot_end_in_time(tmp_path):
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    # FedAvg's CNN on digits takes about 0.5 s at 1e9 FLOP/s and 1e6 bytes/s, 5 ms at 100x that
+    devices = [{"id": c, "speed": 1e9 if c < 3 else 1e11, "down": 1e6 if c < 3 else 1e8, "up": 1e6 if c < 3 else 1e8} for c in range(6)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"devices": devices}))
+    fl = {"rounds": 1, "fraction": 1.0, "round_policy": "deadline", "deadline_s": 0.1}
+    for plans in (False, True):
+        run_experiment(small_config(fl={**fl, "deadline_plans": plans}, devices={"source": "trace", "trace": str(trace)}), tmp_path / str(plans))
+    (late,), (skipping,) = read_metrics(tmp_path / "False"), read_metrics(tmp_path / "True")
+    assert late["stragglers"] == [0, 1, 2] and "skipped_clients" not in late  # off: they train, and are dropped
+    assert [c["id"] for c in skipping["clients"]] == [3, 4, 5] and not skipping["stragglers"]  # on: they sit out, spending nothing
+    assert [s["id"] for s in skipping["skipped_clients"]] == [0, 1, 2]
+
+
 def test_hfl_budget_prints_each_tiers_round_seconds_per_sub_model(tmp_path, capsys):
     from hfl.budget import budget_report, round_one
     from hfl.experiment import ClientEnvironment
