@@ -99,6 +99,30 @@ def test_a_run_with_deadline_plans_trains_the_largest_sub_model_in_time_and_with
             assert expected_time(env.method, ladder.task_for(ctx, ladder[level]), state.global_state, ctx.budget.time.device).finish > 0.3
 
 
+@pytest.mark.parametrize("method", ["depthfl", "fjord", "fedrolex", "scalefl", "nefl", "splitmix", "decoupled"])
+def test_every_ladder_method_plans_the_largest_sub_model_its_clock_ends_in_time(method):
+    from hfl.budget import round_one
+    from hfl.experiment import ClientEnvironment
+    from hfl.simulation.devices import assign_devices
+    from hfl.simulation.estimate import expected_time
+
+    # The ladder estimates a level's seconds from its cost and upload bytes; the clock (expected_time)
+    # from what the client receives: a deadline at a middle level's seconds must give that level.
+    fl = {"rounds": 1, "clients": 4, "round_policy": "deadline"}
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"]}
+    probe = small_config(method={"name": method}, fl={**fl, "deadline_s": 1.0}, devices=devices)
+    env = ClientEnvironment.from_config(probe)
+    ladder, initial, device = env.method.ladder, env.method.initial_global_state(), assign_devices(probe)[0]
+    seconds = [expected_time(env.method, ladder.task_for(round_one(probe, env, 0), lv), initial, device).finish for lv in ladder.levels]
+    middle = seconds[len(seconds) // 2]
+    timed = small_config(method={"name": method}, fl={**fl, "deadline_s": middle, "deadline_plans": True}, devices=devices)
+    env = ClientEnvironment.from_config(timed)
+    task = env.method.plan(round_one(timed, env, 0), env.method.init_state())
+    # the largest level ending in time; under NeFL's dynamic tiers that is the tier, the top of what it draws among
+    assert (task.choices or (task.level,))[-1] == ladder.levels[max(k for k, t in enumerate(seconds) if t <= middle)].name
+    assert expected_time(env.method, task, initial, device).finish <= middle
+
+
 def test_a_method_without_sub_models_skips_the_clients_that_cannot_end_in_time(tmp_path):
     from hfl.loggers import read_metrics
     from hfl.server import run_experiment
@@ -182,6 +206,10 @@ def test_a_run_records_each_client_rounds_energy_and_the_total_counts_the_stragg
     for c in clients:
         assert c["energy_j"] == pytest.approx(c["flops"] * 1e-9 + (c["bytes_down"] + c["bytes_up"]) * 2e-7, rel=1e-12)
     assert summary["total_energy_j"] == pytest.approx(sum(c["energy_j"] for c in clients), rel=1e-12)
+    # asynchronous client-rounds too
+    run_experiment(small_config(devices=devices, fl={"round_policy": "async", "rounds": 2, "clients": 6}), tmp_path / "async")
+    clients = [c for r in read_metrics(tmp_path / "async") for c in r["clients"]]
+    assert clients and all(c["energy_j"] == pytest.approx(c["flops"] * 1e-9 + (c["bytes_down"] + c["bytes_up"]) * 2e-7) for c in clients)
     # a trace without figures takes the config's one value for every device
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"devices": [{"id": c, "speed": 1e9, "down": 1e6, "up": 1e6} for c in range(6)]}))
