@@ -34,7 +34,7 @@ class LocalBackend:
                 updates.update(zip(unit, env.train_unit(global_state, [tasks[i] for i in unit])))
             except torch.cuda.OutOfMemoryError as error:
                 budget = tasks[unit[0]].ctx.budget
-                if budget is None or len(unit) > 1:  # clients trained together are not capped: a real error
+                if budget is None or budget.memory_bytes is None or len(unit) > 1:  # uncapped (no memory budget, or clients trained together): a real error
                     raise
                 reason = f"CUDA out of memory under its memory budget of {budget.memory_bytes / 2**20:.1f} MiB: {str(error).splitlines()[0]}"
                 failed.append({"id": tasks[unit[0]].ctx.client_id, "reason": reason})
