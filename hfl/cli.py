@@ -21,9 +21,11 @@ INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 # Fields that may change between a run and its resumption: they do not change what is computed.
 RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer",
-                     # where and how Ray places the clients, and how long it waits for the cluster: a
-                     # cluster that lost a node may need other values to go on with the same run
-                     "backend.actor_start_timeout_s", "backend.num_cpus_per_client", "backend.actors_per_pool", "backend.num_gpus_per_client",
+                     # the backend itself (local and Ray compute the same numbers: a run whose cluster
+                     # is gone can finish on one machine), where and how Ray places the clients, and how
+                     # long it waits for the cluster: a cluster that lost a node may need other values
+                     # to go on with the same run
+                     "backend.name", "backend.head_grace_s", "backend.actor_start_timeout_s", "backend.num_cpus_per_client", "backend.actors_per_pool", "backend.num_gpus_per_client",
                      "backend.num_gpus_per_tier", "backend.gpu_memory", "backend.tier_strict", "backend.ray_log_to_driver")
 
 

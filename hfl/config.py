@@ -454,6 +454,10 @@ class BackendConfig:
     on a one-node cluster."""
     ray_log_to_driver: bool = False
     """ray: show the actors' log lines in this process."""
+    head_grace_s: float = 15.0
+    """ray: how long the cluster's head (its GCS) may stop answering before the run stops, saying how
+    to resume it: long enough for a GCS that restarts, well within the 60 s after which Ray ends a
+    driver that lost it without a word."""
     chaos: tuple[str, ...] = ()
     """ray, for testing fault tolerance: ROUND:CLIENT:KIND rules (KIND raise, exit or hang) that make
     that client fail in that round."""
@@ -480,6 +484,7 @@ class BackendConfig:
                 ok = False
             check(ok, "gpu_memory", self.gpu_memory, "an amount of memory such as 24GB or 80GiB")
         check(self.actor_start_timeout_s >= 0, "actor_start_timeout_s", self.actor_start_timeout_s, "a number >= 0 (0: wait forever)")
+        check(0 < self.head_grace_s < 60, "head_grace_s", self.head_grace_s, "seconds in (0, 60): Ray ends a driver whose head is gone for 60 s")
         for rule in self.chaos:
             parts = rule.split(":")
             ok = len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2] in ("raise", "exit", "hang")

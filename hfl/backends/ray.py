@@ -18,7 +18,7 @@ A cluster loses nodes. Every wait on it has a deadline, so a node that dies fail
 it for that round (`failed_clients`, with the reason), never the run: pools are planned again from
 the nodes alive at each round, a tier whose every node is gone runs on CPU actors of the others
 (or stops the run, with `backend.tier_strict`), and its pool grows back when a node returns. A
-head that stops answering stops the run within `HEAD_GRACE_S` with a `ClusterError`.
+head that stops answering stops the run within `backend.head_grace_s` with a `ClusterError`.
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ from hfl.types import ClientTask, ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
 START_REPORT_S = 30.0  # how often a pool waiting for its actors says so
-HEAD_GRACE_S = 15.0
-"""How long the cluster's head (its GCS) may stop answering before the run stops: long enough for a
-GCS that restarts, well within the 60 s after which Ray ends a driver that lost it without a word."""
 
 
 class ClientActor:
@@ -106,8 +103,8 @@ class HeadWatch:
     """Whether the cluster's head still answers: a TCP connection to its GCS port, which, unlike a
     Ray call, cannot block on a head that is gone."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, address: str, grace_s: float) -> None:
+        self.address, self.grace_s = address, grace_s
         self.lost_since: float | None = None
         self.checked = -1.0
 
@@ -120,7 +117,7 @@ class HeadWatch:
             return False
 
     def check(self) -> None:
-        """Raise a ClusterError once the head has not answered for HEAD_GRACE_S (asked at most once a second)."""
+        """Raise a ClusterError once the head has not answered for `grace_s` (asked at most once a second)."""
         now = time.monotonic()
         if now - self.checked < 1.0:
             return
@@ -131,13 +128,13 @@ class HeadWatch:
         if self.lost_since is None:
             self.lost_since = now
             log.warning("the Ray cluster's head (GCS at %s) does not answer; the run stops unless it answers within %gs",
-                        self.address, HEAD_GRACE_S)
-        if now - self.lost_since >= HEAD_GRACE_S:
-            raise ClusterError(f"the Ray cluster's head (GCS at {self.address}) stopped answering for {HEAD_GRACE_S:g}s: "
+                        self.address, self.grace_s)
+        if now - self.lost_since >= self.grace_s:
+            raise ClusterError(f"the Ray cluster's head (GCS at {self.address}) stopped answering for {self.grace_s:g}s: "
                                "the run stopped after its last complete round")
 
     def wait(self) -> None:
-        """Return once the head answers (at once, normally); a ClusterError past HEAD_GRACE_S."""
+        """Return once the head answers (at once, normally); a ClusterError past `grace_s`."""
         while True:
             self.checked = -1.0
             self.check()
@@ -147,7 +144,7 @@ class HeadWatch:
 
     @property
     def lost(self) -> bool:
-        return self.lost_since is not None and time.monotonic() - self.lost_since >= HEAD_GRACE_S
+        return self.lost_since is not None and time.monotonic() - self.lost_since >= self.grace_s
 
 
 @dataclass
@@ -180,7 +177,7 @@ class RayBackend:
                 log_to_driver=config.backend.ray_log_to_driver,
                 configure_logging=False,
             )
-        self.head = HeadWatch(ray.get_runtime_context().gcs_address)
+        self.head = HeadWatch(ray.get_runtime_context().gcs_address, config.backend.head_grace_s)
         self.remote_actor = ray.remote(ClientActor)
         self.timeout = config.backend.client_timeout_s or None
         self.started = False

@@ -88,10 +88,12 @@ class Cluster:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
 
-    def stop(self) -> None:
+    def stop(self, gracefully: bool = True) -> None:
+        """Stop every node: SIGTERM first (`gracefully`), then SIGKILL to its process group. A node
+        whose head is gone waits out the whole SIGTERM timeout: there, not `gracefully`."""
         for name in reversed(list(self.nodes)):
             node = self.nodes.pop(name)
-            if node.poll() is None:
+            if gracefully and node.poll() is None:
                 node.terminate()  # `ray start --block` stops its node's processes on SIGTERM in ~3 s
                 try:
                     node.wait(timeout=30)
@@ -229,7 +231,7 @@ def test_a_large_node_that_dies_mid_round_fails_its_clients_and_a_resume_runs_wi
 def test_a_head_whose_gcs_dies_stops_the_run_in_one_line_that_says_how_to_resume_it(cluster, reference, tmp_path):
     records, _ = reference
     out = tmp_path / "run"
-    process = driver(cluster, out, "backend.name=ray", "backend.gpu_memory=4MB", *RUN, f"fl.rounds={len(records)}")
+    process = driver(cluster, out, "backend.name=ray", "backend.gpu_memory=4MB", "backend.head_grace_s=5", *RUN, f"fl.rounds={len(records)}")
     wait_for_round(process, out, 1)
     cluster.kill_gcs()
     killed = time.monotonic()
@@ -237,12 +239,14 @@ def test_a_head_whose_gcs_dies_stops_the_run_in_one_line_that_says_how_to_resume
     text = finish(process, out, limit=120)
     took = time.monotonic() - killed
     errors = [line for line in text.splitlines() if line.startswith("hfl: error:")]
-    assert took < 90 and process.returncode not in (0, None), (took, text[-3000:])
+    assert took < 60 and process.returncode not in (0, None), (took, text[-3000:])
     assert len(errors) == 1 and "head" in errors[0] and f"hfl run --resume {out}" in errors[0], text[-3000:]
     assert "Traceback" not in text
-    cluster.stop()  # the head is gone: a fresh cluster (here one Ray instance the driver starts) continues the run
+    cluster.stop(gracefully=False)
+    # The head is gone: the run continues on this machine (local and Ray compute the same numbers;
+    # the large node's test resumes on a cluster).
     env = {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", "--resume", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run([sys.executable, "-m", "hfl.cli", "run", "--resume", str(out), "backend.name=local"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [numbers(r) for r in read_metrics(out)] == [numbers(r) for r in records]  # as if it had never stopped
