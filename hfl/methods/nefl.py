@@ -24,7 +24,10 @@ Sub-models. `method.gammas` are target parameter ratios (default 0.2, 0.4, 0.6, 
   last block), elsewhere gamma_D = gamma^depth_exponent (balanced by default); the width is then
   solved for the whole sub-model to hold gamma of the parameters.
 Step sizes start at 1 (NeFL-D) or, with `initial_steps=do`, a kept block followed by k omitted ones
-starts at k + 1 (NeFL-DO); `learnable_steps=false` keeps them at their initial values (N/L).
+starts at k + 1 (NeFL-DO); `learnable_steps=false` keeps them at their initial values (N/L). They
+train in the client's optimiser at its learning rate, as the paper's "trained along with the network
+parameters" and the authors' code (one SGD for all); a tenth of that rate did not steady NeFL-D,
+whose unsteadiness came from too few clients per round (benchmarks/RESULTS.md, "NeFL-D stability").
 
 Aggregation (Algorithm 2). NeFedAvg averages each entry of the consistent parameters over the
 clients whose sub-model holds it, which is the shared masked mean: in appendix B.3's example a

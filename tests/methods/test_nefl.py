@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hfl.cli import main
+from hfl.client import client_optimizer
 from hfl.errors import ConfigError
 from hfl.methods.base import MethodState, record_trained
 from hfl.submodel.copies import nefl_do_step_sizes
@@ -177,6 +178,37 @@ def test_fixed_step_sizes_are_held_but_never_trained_or_sent():
     spec = spec_of(method, 3)
     steps = {k for k in state if ".step." in k and k.endswith(".m3")} - spec.absent  # its kept blocks' step sizes
     assert len(steps) == 9 - len(method.submodels_[2].omitted) and steps <= spec.frozen
+
+
+def test_step_sizes_take_the_weights_learning_rate():
+    """Step sizes are "trained along with the network parameters" (section 4.1; the authors' code
+    puts them in the same SGD): one client step moves each step size of a NeFL-D sub-model by
+    exactly -lr * dL/ds, dL/ds by central differences in float64. A step size with its own rate or a
+    scaled gradient (issue 49's first suspect for unsteady NeFL-D; it was not the cause) fails here."""
+    method, state = nefl(scaling="d")
+    model, _ = client(method, state, 2)
+    model = model.double().train()
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(8, 3, 16, 16, generator=gen, dtype=torch.float64), torch.randint(0, 10, (8,), generator=gen)
+    steps = {k: p for k, p in model.named_parameters() if ".step." in k}
+
+    def loss_with(step: nn.Parameter, value: float) -> float:
+        with torch.no_grad():
+            step.fill_(value)
+            return float(nn.functional.cross_entropy(model(x), y))
+
+    before, slope, h = {}, {}, 1e-6
+    for key, step in steps.items():
+        before[key] = step.item()
+        slope[key] = (loss_with(step, before[key] + h) - loss_with(step, before[key] - h)) / (2 * h)
+        loss_with(step, before[key])
+    optimizer = client_optimizer(list(model.parameters()), SETTINGS)
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+    assert len(steps) == 9 - len(method.submodels_[1].omitted) and any(abs(g) > 1e-3 for g in slope.values())
+    for key, step in steps.items():
+        assert step.item() - before[key] == pytest.approx(-SETTINGS.lr * slope[key], rel=1e-4, abs=1e-12), key
 
 
 def test_dynamic_tiers_draw_within_each_tiers_window():
