@@ -265,6 +265,7 @@ class FLConfig:
         check_choice("precision", self.precision, PRECISIONS)
         check(self.gradient_clip_val >= 0, "gradient_clip_val", self.gradient_clip_val, "a number >= 0 (0: no clipping)")
         check_choice("gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value"))
+        check(self.agc >= 0, "agc", self.agc, "a number >= 0 (0: no adaptive gradient clipping)")
         check(self.accumulate_grad_batches >= 1, "accumulate_grad_batches", self.accumulate_grad_batches, "an integer >= 1")
         for path in self.callbacks:
             module, _, name = path.partition(":")
@@ -274,7 +275,6 @@ class FLConfig:
 
     def lr_at(self, round_: int) -> float:
         """Learning rate for (1-based) round `round_`."""
-        check(self.agc >= 0, "agc", self.agc, "a number >= 0 (0: no adaptive gradient clipping)")
         progress = (round_ - 1) / self.rounds
         if self.lr_schedule == "cosine":
             return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
