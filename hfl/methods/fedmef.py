@@ -16,7 +16,6 @@ Dynamic Pruning", CVPR 2024 (Algorithm 1): FedTiny's server-side prune/grow plus
   and masked ReLUs; with NSConv 28.3 and 17.6) and costs the mask where pooling keeps the output
   anyway (the CNN), so the client model takes whichever of the two the accountant measures lower on
   the whole model (`relu_masks`).
-
 - normalized sparse convolution (NSConv, Eq. 6–7, `nsconv`, on by default): every convolution
   standardises each filter over its kept entries (γ `ns_gamma`, the paper gives none: the ReLU gain
   √(2/(1 − 1/π)) by default) in a model without normalisation layers, which `model.norm=auto` builds
