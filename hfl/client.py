@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from types import SimpleNamespace
 
 import torch
@@ -79,33 +79,17 @@ def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.opt
     return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
 
 
-class _Calls(nn.Module):
-    """Calls `model`'s method `name` as its forward, so that `functional_call` can run it."""
+class _Objective(nn.Module):
+    """The method's objective on `model` as a module's forward: under `functional_call` every part
+    of `model` the objective walks (its forward, exits, blocks, head, hooks) runs on one client's
+    weights."""
 
-    def __init__(self, model: nn.Module, name: str) -> None:
+    def __init__(self, model: nn.Module, method: Method) -> None:
         super().__init__()
-        self.model, self.name = model, name
+        self.model, self.method = model, method
 
-    def forward(self, x: Tensor) -> object:
-        return getattr(self.model, self.name)(x)
-
-
-class FunctionalModel:
-    """One client's model inside `vmap`: `model`'s structure on that client's slice of the stacked
-    weights, called as an objective calls a model (itself, or `forward_exits`)."""
-
-    def __init__(self, model: nn.Module, exits: nn.Module, weights: StateDict) -> None:
-        self._model, self._exits, self._weights = model, exits, weights
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return functional_call(self._model, self._weights, (x,))
-
-    def forward_exits(self, x: Tensor) -> list[Tensor]:
-        return functional_call(self._exits, {f"model.{k}": v for k, v in self._weights.items()}, (x,))
-
-    def modules(self) -> Iterator[nn.Module]:
-        """The structure's modules: hooks registered on them (HeteroFL's scaler) act on this call too."""
-        return self._model.modules()
+    def forward(self, client: SimpleNamespace, x: Tensor, y: Tensor) -> Tensor:
+        return self.method.objective(client, x, y)["loss"]
 
 
 AGC_WEIGHT_FLOOR = 1e-3
@@ -384,12 +368,12 @@ def client_update(
 
 
 def trains_together(method: Method, task: ClientTask) -> bool:
-    """Whether `task` can train vectorised beside others of its shape: its objective is marked
-    `vectorisable` (FedAvg's cross-entropy, FedProx's proximal term, DepthFL's exits and their
-    distillation), in one stage, with nothing else per client (no peers, no masks, nothing narrowed
-    by the client's labels, nothing uploaded beside the weights)."""
+    """Whether `task` can train vectorised beside others of its shape and stages: its objective is
+    marked `vectorisable` (FedAvg's cross-entropy, FedProx's proximal term, DepthFL's exits and their
+    distillation, FeDepth's block groups), with nothing else per client (no peers, no masks, nothing
+    narrowed by the client's labels, nothing uploaded beside the weights)."""
     objective = getattr(type(method).objective, "vectorisable", False)
-    default = objective and type(method).client_uploads is Method.client_uploads and task.stages == (None,)
+    default = objective and type(method).client_uploads is Method.client_uploads
     # Classes narrowed by the client's labels (HeteroFL's masking trick) are per client, and kept.
     # 16-mixed's gradient scaler skips a step when any gradient overflowed, and clipping by norm
     # takes one norm over what the optimiser holds: stacked clients would skip and clip together
@@ -407,9 +391,11 @@ def train_clients_together(
     batches: Sequence[ClientBatches],
     classes: Sequence[Tensor] | None = None,
 ) -> list[ClientUpdate]:
-    """Train `tasks` (one sub-model shape, equal sample counts, one round's settings, each
-    `trains_together`; `classes`: the labels in each client's data) at once: their weights stacked along a new first dimension, the method's
-    objective vectorised over it with `torch.func.vmap`, one optimiser over the stacked weights.
+    """Train `tasks` (one sub-model shape, the same stages, equal sample counts, one round's settings,
+    each `trains_together`; `classes`: the labels in each client's data) at once: their weights stacked
+    along a new first dimension, the method's objective vectorised over it with `torch.func.vmap`, one
+    optimiser over the stacked weights, stage by stage as `train_client` (a fresh optimiser over each
+    stage's trainable weights: FeDepth's block groups).
     Every step takes each client's own next batch, so each client sees exactly the batches and
     updates it would see alone (SGD and Adam act element-wise); the results agree with
     `train_client`'s up to float rounding, since batched kernels sum in another order. Random
@@ -425,37 +411,44 @@ def train_clients_together(
     received = [method.client_state(global_state, task.spec) for task in tasks]
     parameter_names = {name for name, _ in model.named_parameters()}
     stacked = {k: torch.stack([r[k] for r in received]).to(device) for k in received[0]}
-    params = {k: v.requires_grad_(k not in frozen) for k, v in stacked.items() if k in parameter_names}
+    params = {k: v for k, v in stacked.items() if k in parameter_names}
     buffers = {k: v for k, v in stacked.items() if k not in parameter_names}
     initial = {k: v.detach().clone() for k, v in params.items() if k not in frozen}
     # Each client's labels, padded to one length by repeating its first (the objective uses them as a set).
     longest = max((len(c) for c in classes), default=0) if classes is not None else 0
     labels = torch.stack([torch.cat([c, c[:1].expand(longest - len(c))]) for c in classes]).to(device) if longest else None
-    optimizer = client_optimizer([p for k, p in params.items() if k not in frozen], tasks[0].ctx.train)
-    exits = _Calls(model, "forward_exits")
+    objective = _Objective(model, method)
 
-    def loss(p: StateDict, b: StateDict, initial_weights: StateDict, client_labels: Tensor | None, x: Tensor, y: Tensor) -> Tensor:
-        client = SimpleNamespace(model=FunctionalModel(model, exits, {**p, **b}), initial=initial_weights, task=tasks[0],
-                                 classes=client_labels, trainable_parameters=lambda: [(n, w) for n, w in p.items() if n not in frozen])
-        return method.objective(client, x, y)["loss"]
+    def loss(stage: int, trained: Sequence[str], p: StateDict, b: StateDict, initial_weights: StateDict, client_labels: Tensor | None,
+             x: Tensor, y: Tensor) -> Tensor:
+        client = SimpleNamespace(model=model, peers=(), initial=initial_weights, task=tasks[0], stage=stage, classes=client_labels,
+                                 trainable_parameters=lambda: [(n, p[n]) for n in trained])
+        return functional_call(objective, {f"model.{k}": v for k, v in {**p, **b}.items()}, (client, x, y))
 
-    vectorised = vmap(loss, in_dims=(0, 0, 0, None if labels is None else 0, 0, 0), randomness="different")
-    precision = Precision(tasks[0].ctx.train.precision, device)
+    settings = tasks[0].ctx.train
+    precision = Precision(settings.precision, device)
     loss_sum = torch.zeros(len(tasks), device=device)
     steps = 0
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tasks[0].ctx.seed_for(0))
-        for _ in range(tasks[0].ctx.train.local_epochs):
-            for pairs in zip(*batches, strict=True):
-                x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
-                optimizer.zero_grad(set_to_none=True)
-                with precision.autocast():
-                    losses = vectorised(params, buffers, initial, labels, x, y)
-                precision.backward(losses.sum())
-                precision.step(optimizer, tasks[0].ctx.train)
-                loss_sum += losses.detach()
-                steps += 1
+        for stage, trainable in enumerate(tasks[0].stages):
+            names = [k for k in params if k not in frozen and (trainable is None or k in trainable)]
+            for k, v in params.items():  # as `ClientModule.enter_stage`: only this stage's weights take gradients
+                v.grad = None
+                v.requires_grad_(k in names)
+            optimizer = client_optimizer([params[k] for k in names], settings)
+            vectorised = vmap(partial(loss, stage, names), in_dims=(0, 0, 0, None if labels is None else 0, 0, 0), randomness="different")
+            for _ in range(settings.local_epochs):
+                for pairs in zip(*batches, strict=True):
+                    x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+                    optimizer.zero_grad(set_to_none=True)
+                    with precision.autocast():
+                        losses = vectorised(params, buffers, initial, labels, x, y)
+                    precision.backward(losses.sum())
+                    precision.step(optimizer, settings)
+                    loss_sum += losses.detach()
+                    steps += 1
     mean_losses = (loss_sum / max(steps, 1)).tolist()
     seconds = (time.perf_counter() - start) / len(tasks)
     measured_peak = None

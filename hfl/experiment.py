@@ -324,10 +324,11 @@ class ClientEnvironment:
 
     def together_key(self, task: ClientTask) -> tuple | None:
         """Tasks with equal keys can train at once (`train_together`): same model structure, frozen
-        tensors and sample count; None for a task that must train alone."""
+        tensors, training stages (FeDepth's block groups) and sample count; None for a task that must
+        train alone."""
         if not trains_together(self.method, task):
             return None
-        return (task.spec.shape, task.spec.frozen, task.ctx.num_samples)
+        return (task.spec.shape, task.spec.frozen, task.stages, task.ctx.num_samples)
 
     def work_units(self, tasks: Sequence[ClientTask], batch_clients: int, spread: int = 1) -> list[list[int]]:
         """`tasks` (their indices) in the groups that train at once: each alone where `batch_clients`

@@ -42,19 +42,25 @@ HALF_WIDTH_TWO_LABELS = {"budgets": {"scenario": "tiers", "memory": ["width:1/2"
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "sections"), [({"name": "fedavg"}, {}), ({"name": "fedprox", "mu": 0.5}, {}), ({"name": "depthfl"}, {}),
                                                   ({"name": "heterofl", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
-                                                  ({"name": "fedrolex", "masked_ce": True}, HALF_WIDTH_TWO_LABELS)],
-                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex"])
+                                                  ({"name": "fedrolex", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
+                                                  ({"name": "fedepth"}, {"budgets": {"scenario": "fair"}})],
+                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex", "fedepth"])
 def test_training_together_is_training_one_by_one(float64, method, sections):
     # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
     # the same batches, the same steps, the same optimiser arithmetic for every client; FedProx's
     # proximal term from each client's own starting weights, DepthFL's exits and their distillation,
-    # HeteroFL's scaler and each client's own classes.
+    # HeteroFL's scaler and each client's own classes, FeDepth's block groups one stage after another
+    # (each with a fresh optimiser over its own blocks and the head).
     env, state, tasks = environment_and_tasks(clients=8, model={"name": "preresnet20"}, method=method, **sections)
+    tasks = [t for t in tasks if t is not None]  # FeDepth's tiers that fit no block sit out
     assert all(trains_together(env.method, t) for t in tasks)
     keys = [env.together_key(t) for t in tasks]
-    tasks = [t for t, k in zip(tasks, keys) if k == max(keys, key=keys.count)]  # the largest group of one shape and size
+    largest = max(zip(keys, tasks), key=lambda pair: (keys.count(pair[0]), len(pair[1].stages)))[0]
+    tasks = [t for t, k in zip(tasks, keys) if k == largest]  # the largest group of one shape, stages and size; most stages first
     assert len(tasks) >= 2
-    if sections:
+    if method["name"] == "fedepth":
+        assert len(tasks[0].stages) > 2 and tasks[0].ctx.budget.tier != "w1"
+    if sections is HALF_WIDTH_TWO_LABELS:
         assert tasks[0].level == "x0.5" and tasks[0].present_classes_only
         assert len({tuple(env.labels_of(t.ctx.client_id).tolist()) for t in tasks}) > 1
     env.train_x = env.train_x.double()
@@ -71,8 +77,8 @@ def test_training_together_is_training_one_by_one(float64, method, sections):
     assert not torch.equal(together[0].state["head.fc.weight"], together[1].state["head.fc.weight"])
 
 
-def test_only_objectives_marked_vectorisable_in_one_stage_train_together():
-    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", False), ("fjord", False)]:
+def test_only_objectives_marked_vectorisable_train_together():
+    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", True), ("fjord", False)]:
         env, _, tasks = environment_and_tasks(clients=1, method={"name": name}, model={"name": "preresnet20"})
         assert trains_together(env.method, tasks[0]) is expected, name
 

@@ -42,6 +42,7 @@ from hfl.accounting.cost import TrainingCost
 from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import mutual_learning_loss
 from hfl.methods.base import Client, Method, MethodConfig, MethodState, Resources
+from hfl.methods.vectorisable import vectorisable
 from hfl.models.base import ScalableModel
 from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.models.shortcut import block_output_shapes, skip_to_head
@@ -147,13 +148,14 @@ class FeDepth(Method):
             h = model.body[i](h)
         classifier = self.classifier(model, last)
         if classifier is model.head:
-            h = skip_to_head(h, self.head_input_shape(model, x.shape[1:], x.dtype))
+            h = skip_to_head(h, self.head_input_shape(x.shape[1:], x.dtype))
         return classifier(h)
 
-    def head_input_shape(self, model: ScalableModel, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+    def head_input_shape(self, input_shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+        """Probed on the method's own model: a client's may run on weights `functional_call` swapped in."""
         key = (tuple(input_shape), dtype)
         if key not in self._block_output_shapes:
-            self._block_output_shapes[key] = block_output_shapes(model, input_shape, dtype)
+            self._block_output_shapes[key] = block_output_shapes(self.model, input_shape, dtype)
         return self._block_output_shapes[key][-1]
 
     def stage_loss(self, models: Sequence[ScalableModel], x: Tensor, y: Tensor, group: Group) -> dict[str, Tensor]:
@@ -174,7 +176,7 @@ class FeDepth(Method):
 
         def build() -> nn.Module:
             model = self.build(self.model.width)
-            self.head_input_shape(model, accountant.input_shape, accountant.input_dtype)  # shapes first: not part of the measurement
+            self.head_input_shape(accountant.input_shape, accountant.input_dtype)  # shapes first: not part of the measurement
             trainable = self.stage_parameters(model, group)
             for name, param in model.named_parameters():
                 param.requires_grad_(name in trainable)
@@ -241,6 +243,7 @@ class FeDepth(Method):
         stages = tuple(self.stage_parameters(self.model, g) for g in layout.groups)
         return ClientTask(ctx, freeze(full_spec(), untrained), layout, stages=stages, peers=layout.models - 1)
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         group = client.task.options.groups[client.stage]
         return self.stage_loss([client.model, *client.peers], x, y, group)

@@ -303,7 +303,7 @@ def test_upload_bytes_count_the_whole_model_after_the_head_shapes_are_cached():
     Method's cache of the global state's shapes, `upload_bytes` read the block shapes as the model."""
     env = ClientEnvironment.from_config(small_config(method={"name": "fedepth"}))
     method = env.method
-    method.head_input_shape(method.model, env.accountant.input_shape, env.accountant.input_dtype)
+    method.head_input_shape(env.accountant.input_shape, env.accountant.input_dtype)
 
     assert method.upload_bytes(full_spec()) == tensor_bytes(method.initial_global_state()) > 0
 
