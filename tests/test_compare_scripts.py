@@ -14,7 +14,9 @@ PER_CONSTRAINT = {"caff_table1", "caff_table2"}
 """CAFF's grids name runs by constraint and method and choose each baseline's family member (own tests below)."""
 SHARED_CONFIG = {"time_to_accuracy"}
 """Runs of one config with different overrides (tests/test_simulation.py checks them)."""
-ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT | SHARED_CONFIG]
+PER_BATCH = {"fedmef_small_batch"}
+"""Every method at every batch size, and ablations of one config (own test below)."""
+ONE_RUN_PER_CONFIG = [s for s in SCRIPTS if s.parent.name not in PER_CONSTRAINT | SHARED_CONFIG | PER_BATCH]
 
 
 def calls_of(script, tmp_path, *args, env=None):
@@ -34,7 +36,29 @@ def calls_of(script, tmp_path, *args, env=None):
 
 def test_every_comparison_script_is_checked():
     assert {s.parent.name for s in SCRIPTS} == {"fedepth_table2", "fedmef_table1", "nefl_table1", "scalefl_cifar10", "scalefl_cifar10_equal_memory",
-                                                "lm_pretrained_vs_random", *PER_CONSTRAINT, *SHARED_CONFIG}
+                                                "lm_pretrained_vs_random", *PER_CONSTRAINT, *SHARED_CONFIG, *PER_BATCH}
+
+
+def test_fedmef_small_batch_runs_each_method_at_each_batch_size_and_the_ablations(tmp_path):
+    """Figure 5: each method at each of `batches=`, the ablations (FedMef's config with their
+    settings) at each of `ablation_batches=`, `method.*` overrides for the pruning methods only."""
+    script = ROOT / "experiments" / "fedmef_small_batch" / "compare.sh"
+    calls = calls_of(script, tmp_path, "--seeds", "0,2", "fl.rounds=1", "batches=1,4", "ablation_batches=2", "method.sparsity=0.8")
+    runs, report = calls[:-1], calls[-1]
+    ablations = {"fedmef_no_bae": ["method.bae_lambda=0"], "fedmef_no_sap": ["method.nsconv=false", "model.norm=bn"],
+                 "fedmef_nsconv_only": ["method.bae_lambda=0", "method.activation_sparsity=0"]}
+    expected = {f"{m}-b{b}-seed{s}": (m, b, s, []) for m in ("fedavg", "flpqsu", "feddst", "fedtiny", "fedmef") for b in (1, 4) for s in (0, 2)}
+    expected |= {f"{v}-b2-seed{s}": ("fedmef", 2, s, settings) for v, settings in ablations.items() for s in (0, 2)}
+    by_out = {Path(c[-1]).name: c for c in runs}
+    assert len(runs) == len(by_out) and sorted(by_out) == sorted(expected)
+    for name, (config, batch, seed, settings) in expected.items():
+        call = by_out[name]
+        assert Path(call[1]).stem == config and f"fl.batch_size={batch}" in call and f"seed={seed}" in call and "fl.rounds=1" in call
+        assert all(s in call for s in settings), (name, call)
+        assert ("method.sparsity=0.8" in call) == (config != "fedavg"), (name, call)
+    assert report[0] == "report" and sorted(Path(r).name for r in report[1:-2]) == sorted(expected)
+    refused = subprocess.run(["bash", str(script), str(tmp_path / "bad"), "batches=0"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "batch size 0" in refused.stderr
 
 
 @pytest.mark.parametrize("script", ONE_RUN_PER_CONFIG, ids=lambda s: s.parent.name)
