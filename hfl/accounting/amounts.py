@@ -10,10 +10,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # a device is data here: the config checks amounts without the simulation
-    from hfl.simulation.devices import Device
+
+class TimedDevice(Protocol):
+    """What a time budget asks of a device (`hfl.simulation.devices.Device`): the clock's durations.
+    A protocol, not an import, so that amounts (which the config reads) need not know the simulation."""
+
+    def durations(self, bytes_down: float, flops: float, num_samples: int, local_epochs: int, bytes_up: float) -> tuple[float, float, float]: ...
+
 
 SCENARIOS = {
     "fair": ("1/6", "1/3", "1/2", "1"),
@@ -66,7 +71,7 @@ class TimeBudget:
     """A deadline on one device: a client-round must end within `seconds` of its start (docs/time.md)."""
 
     seconds: float
-    device: Device
+    device: TimedDevice
 
     def admits(self, bytes_down: float, flops: float, num_samples: int, local_epochs: int, bytes_up: float) -> bool:
         """Whether a client-round of these counts ends in time on the device, timed as the clock times it."""
