@@ -20,7 +20,7 @@ USAGE_ERROR = 2
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 # Fields that may change between a run and its resumption: they do not change what is computed.
-RESUMABLE_CHANGES = ("fl.rounds", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer",
+RESUMABLE_CHANGES = ("fl.rounds", "fl.time_limit_s", "fl.eval_mode", "fl.eval_spill_dir", "data.root", "data.cache_dir", "logging.", "backend.device", "backend.trainer",
                      # the backend itself (local and Ray compute the same numbers: a run whose cluster
                      # is gone can finish on one machine), where and how Ray places the clients, and how
                      # long it waits for the cluster: a cluster that lost a node may need other values
@@ -184,6 +184,7 @@ def command_run(args: argparse.Namespace) -> int:
                               "or remove it, or choose another folder)")
         done = 0
     rounds = f"{config.fl.rounds} round{'s' * (config.fl.rounds != 1)}"
+    rounds += f" or {config.fl.time_limit_s:g} simulated s, whichever ends first" if config.fl.time_limit_s else ""
     print(f"hfl: {config.method.name} on {config.data.name}, {config.fl.clients} clients, {rounds} -> {out}", file=sys.stderr)
     try:
         summary = run_experiment(config, out, resume=bool(args.resume), callbacks=[RoundProgress(config.fl.rounds, done)])
@@ -475,7 +476,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted overrides such as fl.rounds=3 data.alpha=0.3")
     run.add_argument("--out", help="output folder (default runs/NAME-TIMESTAMP)")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, with the config saved there "
-                     "(overrides may change fl.rounds, fl.eval_mode, paths, logging, backend.device and backend.trainer)")
+                     "(overrides may change fl.rounds, fl.time_limit_s, fl.eval_mode, paths, logging and the backend)")
     run.set_defaults(func=command_run)
     pre = sub.add_parser("pretrain", help="pretrain a family of tiny transformers: hfl pretrain CONFIG [key=value ...] "
                          "(run it again to resume)")

@@ -238,6 +238,11 @@ class FLConfig:
     """Simulated seconds at which summary.json reports the accuracy reached (`accuracy_at_time`: that of
     the last scored round ending by then), e.g. [30, 60]."""
 
+    time_limit_s: float = 0.0
+    """Simulated seconds a run may last (needs `devices`): the first round (async: server step) ending
+    at or after them is the last, so runs under different policies and methods stop at the same
+    simulated time; `rounds` stays the most it runs, and what `lr_schedule` counts. 0: no limit."""
+
     def __post_init__(self) -> None:
         check_choice("round_policy", self.round_policy, ROUND_POLICIES)
         check(self.deadline_s >= 0 and math.isfinite(self.deadline_s), "deadline_s", self.deadline_s, "a number of seconds >= 0")
@@ -251,6 +256,7 @@ class FLConfig:
         check(self.async_buffer >= 0, "async_buffer", self.async_buffer, "an integer >= 0 (0: half of async_concurrency)")
         check(all(0 < t <= 1 for t in self.time_targets), "time_targets", list(self.time_targets), "accuracies in (0, 1]")
         check(all(t > 0 and math.isfinite(t) for t in self.time_points), "time_points", list(self.time_points), "simulated seconds > 0")
+        check(self.time_limit_s >= 0 and math.isfinite(self.time_limit_s), "time_limit_s", self.time_limit_s, "simulated seconds >= 0 (0: no limit)")
         for name in ("rounds", "clients", "local_epochs", "batch_size", "eval_every", "checkpoint_every"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "an integer >= 1")
         check(0 < self.fraction <= 1, "fraction", self.fraction, "a number in (0, 1]")
@@ -272,6 +278,10 @@ class FLConfig:
             check(bool(module) and name.isidentifier(), "callbacks", path, "importable classes written package.module:Class")
         check(not self.eval_spill_dir or self.eval_mode == "blockwise", "eval_spill_dir", self.eval_spill_dir,
               "empty unless eval_mode is blockwise")
+
+    def ends_run(self, round_: int, simulated_end: float | None) -> bool:
+        """Whether round `round_`, ending at `simulated_end` simulated seconds (None: no devices), is a run's last."""
+        return round_ >= self.rounds or (simulated_end is not None and 0 < self.time_limit_s <= simulated_end)
 
     def lr_at(self, round_: int) -> float:
         """Learning rate for (1-based) round `round_`."""
@@ -540,6 +550,8 @@ class ExperimentConfig:
             raise ConfigError("budgets.memory", list(self.budgets.memory), f"one amount per client ({self.fl.clients})")
         if self.fl.round_policy != "sync" and not self.devices.enabled:
             raise ConfigError("fl.round_policy", self.fl.round_policy, "sync unless devices are set (devices.source=tiers or trace)")
+        if self.fl.time_limit_s and not self.devices.enabled:
+            raise ConfigError("fl.time_limit_s", self.fl.time_limit_s, "0 unless devices are set (devices.source=tiers or trace): it counts simulated seconds")
         if self.devices.source == "tiers":
             tiers = budget_tier_count(self.budgets)
             check(len(self.devices.speed) == tiers, "devices.speed", list(self.devices.speed),

@@ -146,7 +146,8 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
 
 def run_status(run: RunRecord) -> str:
     """How a run ended: a sweep trial's reason from its results.csv (`stopped by asha after round
-    1/3`), else `completed`, or `stopped after round k/N` where it ran fewer rounds than configured."""
+    1/3`), else `completed` (`completed (T simulated s)` where `fl.time_limit_s` ended it), or
+    `stopped after round k/N` where it ran fewer rounds than configured."""
     results = run.path.parent.parent / "results.csv"
     if run.swept and results.is_file():
         with open(results, newline="") as f:
@@ -155,6 +156,9 @@ def run_status(run: RunRecord) -> str:
             return reason
     planned = config_value(run.config, "fl.rounds")
     done = len(run.rounds)
+    limit = config_value(run.config, "fl.time_limit_s")
+    if limit and run.rounds and run.rounds[-1].get("sim_end_s", 0) >= limit:
+        return f"completed ({limit:g} simulated s)"
     return f"stopped after round {done}/{planned}" if planned is not None and done < planned else "completed"
 
 

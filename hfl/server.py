@@ -121,7 +121,7 @@ def summarise(out_dir: Path, config: ExperimentConfig, elapsed: float) -> dict[s
             "submodel_accuracy": submodels} if submodels else {}),
         **({"worst_exit_accuracy": min(exits.values()), "mean_exit_accuracy": _mean(list(exits.values())),
             "final_ensemble_accuracy": evaluated[-1].get("ensemble_accuracy")} if exits else {}),
-        "rounds": config.fl.rounds,
+        "rounds": records[-1]["round"] if records else 0,  # fewer than fl.rounds where fl.time_limit_s ended the run
         "wall_seconds": elapsed,
         "failed_client_rounds": sum(len(r.get("failed_clients", [])) for r in records),
         "skipped_client_rounds": sum(len(r.get("skipped_clients", [])) for r in records),
@@ -259,9 +259,16 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
     def train_now(global_state: Any, tasks: Sequence[ClientTask]) -> tuple[list[Any], list[dict[str, Any]]]:
         return backend.collect(backend.submit(global_state, tasks))
 
+    simulation = fedbuff or clock
+
+    def ends_run(r: int) -> bool:
+        """Whether round `r`, just run, is the run's last (`fl.rounds`, or `fl.time_limit_s` reached)."""
+        return fl.ends_run(r, simulation.now if simulation else None)
+
     pending, diverged_before = None, False
+    first = fl.rounds + 1 if state.round and ends_run(state.round) else state.round + 1  # resumed after its last round: none more
     try:
-        for r in range(state.round + 1, fl.rounds + 1):
+        for r in range(first, fl.rounds + 1):
             started = time.perf_counter()
             # 1-2. cohort and plan (done in the last round, where that round started this one's training)
             if fedbuff:  # 1-3. async: clients start as others arrive, until a buffer's worth has arrived
@@ -278,7 +285,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             state.method_state = record_trained(state.method_state, kept)
             # The next round's clients start training now, while this round is evaluated, logged and
             # checkpointed: on Ray they train elsewhere; the local backend trains them when collected.
-            last = r == fl.rounds
+            last = ends_run(r)
             pending = None if last or fedbuff else start(r + 1)
             # 5. evaluation of the global model
             scores: dict[str, Any] = {"accuracy": None, "loss": None}
@@ -292,7 +299,7 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             # 6. log and checkpoint
             seconds = time.perf_counter() - started
             state.round, state.elapsed_seconds = r, state.elapsed_seconds + seconds
-            state.simulation = (fedbuff or clock).saved() if devices else None
+            state.simulation = simulation.saved() if simulation else None
             # With devices, `clients` holds dropped client-rounds too (marked `dropped`): their work was spent.
             record = {"round": r, **scores, "lr": settings.lr, "wall_seconds": seconds, "clients": [u.metrics for u in updates], "failed_clients": failed,
                       **({"skipped_clients": skipped} if skipped else {}), **timing}
@@ -304,6 +311,8 @@ def _run(config: ExperimentConfig, out: Path, resume: bool, callbacks: Sequence[
             push()
             for sink in sinks:
                 sink.on_round(record)
+            if last:  # fl.time_limit_s may end a run before fl.rounds
+                break
     finally:
         backend.close()
     summary = summarise(out, config, state.elapsed_seconds)

@@ -157,6 +157,10 @@ def test_bad_device_input_exits_2_with_one_line_naming_field_value_and_allowed(t
     assert code == 2 and "fl.deadline_s=0.01" in lines[-1] and "a deadline some client can meet" in lines[-1]
     code, lines = run_cli(tmp_path, capsys, "fl.round_policy=deadline", "fl.deadline_s=1")
     assert code == 2 and "fl.round_policy='deadline'" in lines[-1] and "unless devices are set" in lines[-1]
+    code, lines = run_cli(tmp_path, capsys, "fl.time_limit_s=60")
+    assert code == 2 and "fl.time_limit_s=60" in lines[-1] and "unless devices are set" in lines[-1]
+    code, lines = run_cli(tmp_path, capsys, "fl.time_limit_s=-1")
+    assert code == 2 and "fl.time_limit_s=-1" in lines[-1] and "simulated seconds >= 0" in lines[-1]
     assert not (tmp_path / "run").exists()
 
 
@@ -259,6 +263,10 @@ def test_the_time_to_accuracy_comparison_runs_each_policy_and_method_once_per_se
         assert ("fl.round_policy=" + policy in call) == (policy != "sync")
         assert f"method.name={name.split('_')[-1] if name.startswith('fedbuff') else name.split('_')[0]}" in call
     assert report[0] == "report" and len(report[1:-2]) == 21
+    (tmp_path / "trace").mkdir()
+    on_trace = calls_of(ROOT / "experiments" / "time_to_accuracy" / "compare.sh", tmp_path / "trace", env={"TTA_DEVICES": "synthetic"})[:-1]
+    assert len(on_trace) == 7 and all({c for c in call if c.startswith("devices.")} == {"devices.source=trace", "devices.trace=synthetic"}
+                                      and "budgets.memory=[width:1/4,width:1/2,width:1]" in call for call in on_trace)
 
 
 def test_hfl_budget_gives_each_tier_the_seconds_its_round_one_takes(tmp_path):
@@ -301,6 +309,50 @@ def test_fedscale_traces_give_seconds_per_sample_bandwidth_and_availability_and_
     capacity.write_bytes(pickle.dumps({1: {"computation": datetime.timedelta(1), "communication": 1.0}}))
     code, lines = run_cli(tmp_path, capsys, "devices.source=fedscale", f"devices.trace={capacity}")
     assert code == 2 and lines[-1].startswith("hfl: error: devices.trace=") and "only dicts, lists, numbers and strings" in lines[-1]
+
+
+def test_a_time_limit_ends_a_run_at_the_first_round_reaching_it_and_a_resume_may_extend_it(tmp_path):
+    import dataclasses
+
+    from hfl.loggers import read_metrics
+    from hfl.report import load_run, run_status
+    from hfl.server import run_experiment
+
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 0.5}
+    config = small_config(devices=devices, fl={"rounds": 4})
+    run_experiment(config, tmp_path / "full")
+    full = read_metrics(tmp_path / "full")
+
+    def limited(limit, rounds=4):
+        return dataclasses.replace(config, fl=dataclasses.replace(config.fl, time_limit_s=limit, rounds=rounds))
+
+    # a limit between round 1's end and round 2's: round 2 is the first to reach it, and the last
+    summary = run_experiment(limited((full[0]["sim_end_s"] + full[1]["sim_end_s"]) / 2), tmp_path / "cut")
+    assert drop_wall(read_metrics(tmp_path / "cut")) == drop_wall(full[:2])
+    assert (summary["rounds"], summary["simulated_seconds"]) == (2, full[1]["sim_end_s"])
+    assert run_status(load_run(tmp_path / "cut")).startswith("completed (")
+    # resumed with a later limit, exactly round 3's end: it goes on as the uninterrupted run did, and stops there
+    run_experiment(limited(full[2]["sim_end_s"]), tmp_path / "cut", resume=True)
+    assert drop_wall(read_metrics(tmp_path / "cut")) == drop_wall(full[:3])
+    # resumed with the same limit: nothing more runs; `rounds` stays the most a limited run goes to
+    assert run_experiment(limited(full[2]["sim_end_s"], rounds=10), tmp_path / "cut", resume=True)["rounds"] == 3
+    assert len(read_metrics(tmp_path / "cut")) == 3
+    assert run_experiment(limited(1e9), tmp_path / "long")["rounds"] == 4
+
+
+def test_a_time_limit_ends_an_async_run_at_its_first_server_step_reaching_it(tmp_path):
+    import dataclasses
+
+    from hfl.loggers import read_metrics
+    from hfl.server import run_experiment
+
+    devices = {"source": "tiers", "speed": ["1e9"], "down": ["1MB"], "up": ["5e5"], "spread": 0.5}
+    config = small_config(devices=devices, fl={"rounds": 3, "round_policy": "async", "async_concurrency": 3, "async_buffer": 2})
+    run_experiment(config, tmp_path / "full")
+    full = read_metrics(tmp_path / "full")
+    limit = math.nextafter(full[0]["sim_end_s"], math.inf)  # just after step 1 ends: step 2 is the last
+    run_experiment(dataclasses.replace(config, fl=dataclasses.replace(config.fl, time_limit_s=limit)), tmp_path / "cut")
+    assert drop_wall(read_metrics(tmp_path / "cut")) == drop_wall(full[:2])
 
 
 @pytest.mark.slow

@@ -141,8 +141,8 @@ class TuneReporter:
         if setup.metric not in scores:
             return
         metrics = {"round": r, OBJECTIVE: objective(scores, setup.metric, setup.mode, setup.within_budget), **scores,
-                   "violations": violations(scores), "evaluated": record["accuracy"] is not None, "final_round": int(r == fl.rounds)}
-        if r == fl.rounds:
+                   "violations": violations(scores), "evaluated": record["accuracy"] is not None, "final_round": int(fl.ends_run(r, record.get("sim_end_s")))}
+        if metrics["final_round"]:
             self.final = metrics
         else:
             self._report(metrics, checkpoint=r % fl.checkpoint_every == 0)
