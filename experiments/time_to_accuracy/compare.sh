@@ -14,13 +14,21 @@
 #   mid:  width 1/2, 5e8 FLOP/s, 1 MB/s down, 500 kB/s up
 #   fast: width 1, 2.5e9 FLOP/s, 4 MB/s down, 2 MB/s up
 # A full-model client-round (about 4e8 FLOPs, 78 kB each way) takes about 5 s on a slow device, 0.3 s on a fast one.
+# TTA_DEVICES=synthetic puts the clients on hfl's shipped trace instead (docs/time.md: three classes, 0.5 / 0.3 / 0.2 of
+# the devices, at 1e9 / 4e9 / 1.6e10 FLOP/s, each online and offline over a day); the budget tiers still set each
+# client's memory. To compare at equal simulated time rather than equal rounds, add fl.time_limit_s=T and an
+# fl.rounds high enough for the fastest run (every run stops at its first round ending at or after T).
 set -euo pipefail
 here=$(dirname "$0")
 source "$here/../compare_lib.sh"
 parse_comparison "$@"
 quickstart="$here/../quickstart.yaml"
-setting=(fl.time_targets=[0.8,0.9] budgets.scenario=tiers "budgets.memory=[width:1/4,width:1/2,width:1]" budgets.names=[slow,mid,fast]
-         devices.source=tiers devices.speed=[1e8,5e8,2.5e9] devices.down=[250kB,1MB,4MB] devices.up=[100kB,500kB,2MB] devices.spread=0.3)
+case "${TTA_DEVICES:-tiers}" in
+  tiers) devices=(devices.source=tiers devices.speed=[1e8,5e8,2.5e9] devices.down=[250kB,1MB,4MB] devices.up=[100kB,500kB,2MB] devices.spread=0.3) ;;
+  synthetic) devices=(devices.source=trace devices.trace=synthetic) ;;
+  *) echo "compare.sh: TTA_DEVICES=${TTA_DEVICES}: allowed: tiers (the default), synthetic" >&2; exit 2 ;;
+esac
+setting=(fl.time_targets=[0.8,0.9] budgets.scenario=tiers "budgets.memory=[width:1/4,width:1/2,width:1]" budgets.names=[slow,mid,fast] "${devices[@]}")
 fedbuff=(fl.round_policy=async fl.async_concurrency=10 fl.async_buffer=5 fl.rounds=40)  # 40 steps of 5: the client work of 20 rounds of 10
 run_method fedavg_sync "$quickstart" "${setting[@]}" method.name=fedavg "${overrides[@]}"
 run_method fedavg_deadline "$quickstart" "${setting[@]}" method.name=fedavg fl.round_policy=deadline "fl.deadline_s=${TTA_DEADLINE_S:-1.5}" "${overrides[@]}"
