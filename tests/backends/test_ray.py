@@ -30,29 +30,28 @@ def test_ray_gives_the_same_numbers_as_local(tmp_path):
     assert summary["failed_client_rounds"] == 0
 
 
-@pytest.mark.timeout(900)  # a loaded machine lengthens the calibrated timeout with everything else
 def test_failed_clients_are_recorded_and_left_out(tmp_path):
-    # The timeout must exceed what a healthy client takes on this machine at this moment (under load a
-    # healthy client once took more than a fixed 8 s) and stay far below the injected hang (3600 s):
-    # it is set from a healthy calibration run of the same configuration, twenty times its second round
-    # (a round is longer than any client's unit in it; the first also starts the actors, which no
-    # client's timeout counts), so it scales with the machine's speed and load.
-    rounds = {"rounds": 4, "clients": 4, "fraction": 1.0}
-    run_experiment(small_config(fl={**rounds, "rounds": 2}, backend={"name": "ray", "device": "cpu"}), tmp_path / "calibration")
-    timeout = max(8.0, 20 * read_metrics(tmp_path / "calibration")[-1]["wall_seconds"])
-    chaos = ["2:0:exit", "2:3:raise", "3:1:hang"]
-    config = small_config(fl=rounds, backend={"name": "ray", "device": "cpu", "chaos": chaos, "client_timeout_s": timeout})
+    config = small_config(fl={"rounds": 4, "clients": 4, "fraction": 1.0}, backend={"name": "ray", "device": "cpu", "chaos": ["2:0:exit", "2:3:raise"]})
     summary = run_experiment(config, tmp_path / "run")
     records = read_metrics(tmp_path / "run")
     failures = {r["round"]: {f["id"]: f["reason"] for f in r["failed_clients"]} for r in records}
-    assert failures[1] == {} and failures[4] == {}
+    assert failures[1] == failures[3] == failures[4] == {}
     assert set(failures[2]) == {0, 3} and "actor died" in failures[2][0] and "injected failure" in failures[2][3]
-    assert set(failures[3]) == {1} and "timed out" in failures[3][1], (failures, timeout)
-    assert [len(r["clients"]) for r in records] == [4, 2, 3, 4]  # the pool replaced the dead actors
-    assert [sorted(c["id"] for c in r["clients"]) for r in records] == [[0, 1, 2, 3], [1, 2], [0, 2, 3], [0, 1, 2, 3]]
-    assert summary["failed_client_rounds"] == 3 and summary["rounds"] == 4
+    assert [sorted(c["id"] for c in r["clients"]) for r in records] == [[0, 1, 2, 3], [1, 2], [0, 1, 2, 3], [0, 1, 2, 3]]  # the pool replaced the dead actor
+    assert summary["failed_client_rounds"] == 2 and summary["rounds"] == 4
     # The rounds after the failures trained and were scored: the last round moved the model.
     assert summary["final_accuracy"] == records[-1]["accuracy"] and records[-1]["loss"] != records[-2]["loss"]
+
+
+def test_a_client_that_hangs_is_timed_out_and_recorded(tmp_path):
+    # The round's one client hangs (every client would: whichever is drawn), so no healthy client is
+    # held to the short timeout, however loaded the machine: the hang is the event the test controls.
+    chaos = [f"1:{c}:hang" for c in range(4)]
+    config = small_config(fl={"rounds": 1, "clients": 4, "fraction": 0.25}, backend={"name": "ray", "device": "cpu", "chaos": chaos, "client_timeout_s": 1})
+    summary = run_experiment(config, tmp_path / "run")
+    [record] = read_metrics(tmp_path / "run")
+    assert record["clients"] == [] and len(record["failed_clients"]) == 1
+    assert "timed out after 1s" in record["failed_clients"][0]["reason"] and summary["failed_client_rounds"] == 1
 
 
 def test_actors_the_cluster_cannot_place_stop_the_run_with_a_config_error(tmp_path):
