@@ -59,7 +59,8 @@ def test_bad_overrides_are_config_errors_naming_the_field():
     assert info.value.field == "name.x" and "name is a value" in info.value.allowed
 
 
-@pytest.mark.parametrize("method, model", [({"name": "fedavg"}, {"name": "cnn"}), ({"name": "heterofl"}, {"name": "preresnet20", "width": 0.25})])
+@pytest.mark.parametrize("method, model", [({"name": "fedavg"}, {"name": "cnn"}),
+                                           pytest.param({"name": "heterofl"}, {"name": "preresnet20", "width": 0.25}, marks=pytest.mark.slow)])
 def test_a_run_from_python_loads_back_with_its_numbers_and_a_model_that_scores_them(method, model, tmp_path, capsys):
     """HeteroFL's static batch norm is scored with statistics recomputed from the training data: the
     loaded model is that model, so its test accuracy is the run's to the last image."""

@@ -85,6 +85,7 @@ def test_splitmix_bases_per_tier(scenario, bases, of):
     assert [len(task.options.bases) for task in planned] == bases
 
 
+@pytest.mark.slow
 def test_scalefl_resnet110_levels_match_table_1():
     """ScaleFL's levels by the paper's parameter ratios 1/8, 1/4, 1/2, 1 on ResNet-110, with the
     authors' three-conv exits (the README quotes them against the paper's 0.21 / 0.46 / 0.86 / 1.73 M)

@@ -92,6 +92,7 @@ def test_batch_clients_runs_match_one_by_one(tmp_path):
     assert runs[3]["client_rounds"] == runs[1]["client_rounds"] == 12
 
 
+@pytest.mark.slow
 def test_methods_that_cannot_train_together_run_one_by_one_unchanged(tmp_path):
     runs = {}
     for size in (1, 4):

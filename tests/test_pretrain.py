@@ -162,6 +162,7 @@ def test_a_missing_family_exits_2_naming_the_command_that_builds_it(tmp_path, ca
     assert "on a 2-core CPU" in err
 
 
+@pytest.mark.slow
 def test_resuming_after_sigkill_gives_the_uninterrupted_weights_bit_for_bit(family, tmp_path) -> None:
     config, cards = family
     killed = tiny_config(config.data_root, tmp_path / "cache")
