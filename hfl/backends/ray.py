@@ -44,6 +44,7 @@ from hfl.config import ExperimentConfig
 from hfl.errors import ConfigError, DataNotFoundError
 from hfl.experiment import ClientEnvironment
 from hfl.registry import BACKENDS
+from hfl.simulation.devices import DEADLINE_TIER
 from hfl.types import ClientTask, ClientUpdate, StateDict
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,8 @@ class RayBackend:
         for budget in self.environment.budgets:
             tier = budget.tier if budget is not None and tier_resource(budget.tier) in advertised else SHARED_POOL
             members.setdefault(tier, []).append(budget)
-        homeless = sorted({b.tier for b in members.get(SHARED_POOL, []) if b is not None and b.tier}) if self.tiered else []
+        # A time budget alone (fl.deadline_plans, no other budgets: tier `all`) names no node's tier: the shared pool is its home.
+        homeless = sorted({b.tier for b in members.get(SHARED_POOL, []) if b is not None and b.tier and b.tier != DEADLINE_TIER}) if self.tiered else []
         if homeless:
             missing = ", ".join(tier_resource(t) for t in homeless)
             if backend.tier_strict:

@@ -106,3 +106,12 @@ def test_a_tier_no_live_node_advertises_runs_on_cpu_actors_with_a_warning_or_sto
     assert info.value.field == "backend.tier_strict" and "hfl_tier_w2" in info.value.allowed
     with pytest.raises(ClusterError, match="hfl_tier_w2 .*backend.tier_strict"):  # mid-run: the run stops, to be resumed
         planner(strict, budgets, started=True)._plan_pools(nodes)
+
+
+def test_clients_with_a_time_budget_alone_run_on_the_shared_pool_without_a_warning_even_when_strict(caplog):
+    from hfl.simulation.devices import DEADLINE_TIER
+
+    nodes = [HEAD, GPU_WORKER]
+    budgets = [budget("w1", 300), budget(DEADLINE_TIER, None), budget(DEADLINE_TIER, None)]
+    pools = planner(BackendConfig(gpu_memory="1GB", tier_strict=True), budgets, started=False)._plan_pools(nodes)
+    assert set(pools) == {"w1", SHARED_POOL} and "no live node advertises" not in caplog.text
