@@ -176,6 +176,7 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     assert "checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline_into_the_run_folder(tmp_path):
     out = tmp_path / "run"
     assert main(["run", str(QUICKSTART), "fl.rounds=1", "fl.clients=4", "logging.wandb=true", "--out", str(out)]) == 0

@@ -44,6 +44,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     assert scores(tmp_path / "a") != scores(tmp_path / "c")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_trainer_gives_the_same_weights_as_the_fast_driver(tmp_path, precision):
     """PreResNet-20 (batch norms with running statistics): the final weights and buffers are equal

@@ -43,7 +43,7 @@ def test_a_resume_may_change_how_ray_places_and_waits_for_clients(tmp_path):
     assert [r["round"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
-@pytest.mark.parametrize("fails", ["to open", "to read"])
+@pytest.mark.parametrize("fails", ["to open", pytest.param("to read", marks=pytest.mark.slow)])  # ~6 s of pyarrow retrying
 def test_an_s3_uri_that_cannot_be_opened_or_read_leaves_no_staging_folder(temp, capsys, fails):
     # Without a network: an option pyarrow refuses, or an endpoint that refuses connections (pyarrow
     # opens that URI, and reading it fails after its retries, ~6 s).
