@@ -45,8 +45,8 @@ def test_fedmef_small_batch_runs_each_method_at_each_batch_size_and_the_ablation
     script = ROOT / "experiments" / "fedmef_small_batch" / "compare.sh"
     calls = calls_of(script, tmp_path, "--seeds", "0,2", "fl.rounds=1", "batches=1,4", "ablation_batches=2", "method.sparsity=0.8")
     runs, report = calls[:-1], calls[-1]
-    ablations = {"fedmef_no_bae": ["method.bae_lambda=0"], "fedmef_no_sap": ["method.nsconv=false", "model.norm=bn"],
-                 "fedmef_nsconv_only": ["method.bae_lambda=0", "method.activation_sparsity=0"]}
+    ablations = {"fedmef_no_bae": ["method.bae=false"], "fedmef_no_sap": ["method.nsconv=false", "model.norm=bn"],
+                 "fedmef_nsconv_only": ["method.bae=false", "method.activation_sparsity=0"]}
     expected = {f"{m}-b{b}-seed{s}": (m, b, s, []) for m in ("fedavg", "flpqsu", "feddst", "fedtiny", "fedmef") for b in (1, 4) for s in (0, 2)}
     expected |= {f"{v}-b2-seed{s}": ("fedmef", 2, s, settings) for v, settings in ablations.items() for s in (0, 2)}
     by_out = {Path(c[-1]).name: c for c in runs}

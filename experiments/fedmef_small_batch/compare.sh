@@ -3,11 +3,11 @@
 # every batch size into OUT/<method>-b<batch> (OUT/<method>-b<batch>-seed<k> with `--seeds 0,1,2`), then
 # `hfl report` of them into OUT/report (mean ± std over seeds).
 #   left:  FedAvg, FL-PQSU, FedDST, FedTiny, FedMef at each of `batches=` (default 1,2,8)
-#   right: at each of `ablation_batches=` (default 1,2), FedMef without BaE (fedmef_no_bae: the surrogate
-#          term off, method.bae_lambda=0; its budgeted rate μ_t has no switch and stays), without SAP as the
+#   right: at each of `ablation_batches=` (default 1,2), FedMef without BaE (fedmef_no_bae: method.bae=false,
+#          neither the surrogate term nor the budgeted rate μ_t), without SAP as the
 #          paper ablates it (fedmef_no_sap: activation pruning without NSConv, on batch norm, DropIT's
 #          approach: method.nsconv=false model.norm=bn) and the norm-free model alone (fedmef_nsconv_only:
-#          NSConv kept, neither BaE nor activation pruning: method.bae_lambda=0 method.activation_sparsity=0)
+#          NSConv kept, neither BaE nor activation pruning: method.bae=false method.activation_sparsity=0)
 # `methods=fedavg,fedtiny,fedmef` runs only those of the runs above (ablations by their names). Other arguments
 # after the seeds are overrides applied to every run; `method.*` ones go to the pruning methods only (FedAvg has
 # none of their fields):
@@ -39,9 +39,9 @@ for batch in "${batches[@]}" "${ablation_batches[@]}"; do
   [[ $batch =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: batch size $batch is not an integer >= 1" >&2; exit 2; }
 done
 declare -A ablation=(
-  [fedmef_no_bae]="method.bae_lambda=0"
+  [fedmef_no_bae]="method.bae=false"
   [fedmef_no_sap]="method.nsconv=false model.norm=bn"
-  [fedmef_nsconv_only]="method.bae_lambda=0 method.activation_sparsity=0"
+  [fedmef_nsconv_only]="method.bae=false method.activation_sparsity=0"
 )
 for batch in "${batches[@]}"; do
   for method in fedavg flpqsu feddst fedtiny fedmef; do

@@ -69,6 +69,9 @@ class FedMefConfig(FedTinyConfig):
     contracts by at most √0.9 a step). The data's gradient holds them up where the term balances
     it. The constant λ = 0.01 shrank them by 1.4 % in a round of 5 steps at η = 0.1, leaving FedMef
     FedTiny plus SAP."""
+    bae: bool = True
+    """Whether budget-aware extrusion runs (Eq. 2–4). false: neither its term nor its budgeted rate μ_t,
+    the paper's "without BaE" (FedTiny's adjustment on FedMef's model, with SAP); `bae_lambda=0` keeps μ_t."""
     activation_sparsity: float = 0.9
     """s_ta of scaled activation pruning: the share of each Conv2d/Linear input dropped from the copy kept for backward."""
 
@@ -107,9 +110,8 @@ class FedMefConfig(FedTinyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("nf_block", self.nf_block, ("model", "pre"))
-        check_choice("bae_target", self.bae_target, ("stored", "applied"))
-        check_choice("sap_layers", self.sap_layers, ("all", "relu_conv"))
+        for name, allowed in (("nf_block", ("model", "pre")), ("bae_target", ("stored", "applied")), ("sap_layers", ("all", "relu_conv"))):
+            check_choice(name, getattr(self, name), allowed)
         check(self.nf_block == "model" or (self.nsconv and self.ns_affine), "nf_block", self.nf_block,
               "model unless nsconv and ns_affine are true (the skip gain is the last convolution's NSConv gain)")
         check(self.bae_target == "stored" or self.nsconv, "bae_target", self.bae_target, "stored unless nsconv is true")
@@ -180,9 +182,7 @@ class FedMef(FedTiny):
     def extrusion_lambda(self, rate: float, steps: int) -> float:
         """λ of Eq. 2 for a step at `rate` in a client-round of `steps`: `bae_lambda`, or calibrated
         (see `FedMefConfig.bae_lambda`)."""
-        if self.config.bae_lambda is not None:
-            return self.config.bae_lambda
-        return (1 - 10 ** (-1 / steps)) / (2 * rate)
+        return self.config.bae_lambda if self.config.bae_lambda is not None else (1 - 10 ** (-1 / steps)) / (2 * rate)
 
     def aggregate(self, global_state: StateDict, updates: list[ClientUpdate], state: SparseTrainingState) -> tuple[StateDict, SparseTrainingState]:
         """FedTiny's, except that under NSConv a grown entry is stored at its filter's mean over the
@@ -227,8 +227,7 @@ class FedMef(FedTiny):
 
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         terms = super().objective(client, x, y)
-        adjustment = client.task.options
-        if not isinstance(adjustment, Adjustment):
+        if not self.config.bae or not isinstance(adjustment := client.task.options, Adjustment):
             return terms
         params = dict(client.model.named_parameters())
         if client.steps == 0 or client not in self.marked:

@@ -53,10 +53,12 @@ def test_surrogate_term_is_lambda_times_the_smallest_kept_weights_squared():
     assert math.isclose(float(terms["loss"].detach() - F.cross_entropy(model(x), y).detach()), 0.5 * by_hand, rel_tol=1e-4)
 
 
-def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch):
+@pytest.mark.parametrize("bae", [True, False])
+def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch, bae):
     """μ_t = max(η, p(t)(2σ(‖θ_low‖) − 1)η₀) with p(t) = (2T − 2t)/(2T − t), at every step t of a client
-    trained by the real client loop (T = 3 batches); outside adjustment rounds the rate is η."""
-    method = method_for({"name": "fedmef", "adjust_every": 2}, "cnn", norm="none", input_size=8)
+    trained by the real client loop (T = 3 batches); outside adjustment rounds the rate is η. With
+    `bae=false` (the paper's "without BaE") an adjustment round has neither the term nor μ_t."""
+    method = method_for({"name": "fedmef", "adjust_every": 2, "bae": bae}, "cnn", norm="none", input_size=8)
     lr, initial_lr = 0.001, 0.5
     settings = TrainSettings(lr, 0.0, 0.0, 1, 4, "sgd", initial_lr)
     used, norms = [], []
@@ -80,9 +82,13 @@ def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch):
     for round_ in (2, 1):
         ctx = RoundContext(round_, 0, 0, 12, settings)
         task = method.plan(ctx, method.init_state())
+        assert isinstance(task.options, Adjustment) == (round_ == 2)  # the masks are adjusted either way
         batches = ClientBatches(x, y, torch.arange(12), 4, None, torch.Generator().manual_seed(0))
         train_client(method.client_model(task.spec), method, task, method.initial_global_state(), batches)
     T = 3
+    if not bae:
+        assert used == [lr] * 2 * T and norms == [None] * 2 * T
+        return
     for t in range(T):
         p = (2 * T - 2 * t) / (2 * T - t)
         beta = p * (2 / (1 + math.exp(-norms[t])) - 1) * initial_lr
