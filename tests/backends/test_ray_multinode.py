@@ -10,14 +10,8 @@ node without the data.
 
 import json
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,25 +19,13 @@ import pytest
 from hfl.config import load_config
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment
+from tests.backends.loopback_cluster import RAY, LoopbackCluster
 from tests.conftest import QUICKSTART, ROOT, cli_env
 from tests.data.test_datasets import fake_mnist
 
 pytestmark = pytest.mark.slow
-RAY = str(Path(sys.executable).with_name("ray"))
 TIERS = ["budgets.scenario=tiers", "budgets.memory=[width:1,width:1]", "budgets.names=[small,large]"]
 RUN = ["fl.rounds=2", "fl.clients=8", "fl.fraction=1.0", "fl.local_epochs=1", *TIERS]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_ports() -> list[str]:
-    names = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-             "metrics-export-port", "runtime-env-agent-port")
-    return [f"--{name}={free_port()}" for name in names]
 
 
 def can_hide_folders() -> bool:
@@ -56,58 +38,17 @@ def can_hide_folders() -> bool:
 def cluster(tmp_path_factory):
     """(dashboard address, env, {tier: node id}, the folder the `small` node cannot see)."""
     hidden = tmp_path_factory.mktemp("hidden")  # data and cache of the job that must fail
-    # Token authentication, as Ray >= 2.59 clusters have it by default and docs/cluster.md submits:
-    # every node and `ray job submit` hold the cluster's token; this process asks the dashboard's
-    # HTTP API with it (Ray's own client here keeps whatever auth mode an earlier test set up).
-    token = secrets.token_hex(32)
-    env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0"}
-    port, dashboard = free_port(), free_port()
-    temp = Path("/tmp") / f"hfl-mn-{os.getpid()}"  # Ray limits socket path lengths: keep it short
-    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
-    head = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}", f"--ray-client-server-port={free_port()}", "--num-cpus=1", f"--temp-dir={temp}",
-            *node_ports()]
-    join = [RAY, "start", "--block", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1"]
-    small = [*join, "--num-cpus=1", '--resources={"hfl_tier_small": 1}', *node_ports()]
-    if can_hide_folders():
-        small = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 f'mount -t tmpfs none "{hidden}" && exec "$@"', "sh", *small]
-    large = [*join, "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}', *node_ports()]
-    address = f"http://127.0.0.1:{dashboard}"
-
-    nodes, alive, deadline = [], [], time.time() + 240
+    cluster = LoopbackCluster(Path("/tmp") / f"hfl-mn-{os.getpid()}", cli_env())
+    hide = ("unshare", "--mount", "--propagation", "private", "sh", "-c", f'mount -t tmpfs none "{hidden}" && exec "$@"', "sh")
     try:
-        # One node at a time: nodes starting at once on one machine pick the same socket and log names.
-        for command in (head, small, large):
-            nodes.append(subprocess.Popen(command, **quiet))
-            while len(alive) < len(nodes):
-                if time.time() > deadline:
-                    pytest.fail(f"the 3-node Ray cluster did not start within 240 s ({len(alive)} nodes up)")
-                time.sleep(2)
-                try:
-                    alive = [n for n in list_nodes(address, token) if n["state"] == "ALIVE"]
-                except Exception:  # noqa: BLE001 - the dashboard is not up yet
-                    continue
+        cluster.start("head", "--num-cpus=1")
+        cluster.start("small", "--num-cpus=1", '--resources={"hfl_tier_small": 1}', wrapper=hide if can_hide_folders() else ())
+        cluster.start("large", "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}')
+        alive = cluster.alive()
         tiers = {k[len("hfl_tier_"):]: n["node_id"] for n in alive for k in n["resources_total"] if k.startswith("hfl_tier_")}
-        yield address, env, tiers, hidden
+        yield cluster.address, cluster.env, tiers, hidden
     finally:
-        # SIGTERM to `ray start --block` alone: it stops its node's processes in ~3 s. Signalling its
-        # whole process group kills them under it, and it then waits ~30 s for them to report.
-        for node in reversed(nodes):
-            node.terminate()
-            try:
-                node.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def list_nodes(address: str, token: str) -> list[dict]:
-    """The cluster's nodes, from the dashboard's state API over HTTP with the cluster's token."""
-    request = urllib.request.Request(f"{address}/api/v0/nodes?detail=1", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)["data"]["result"]["result"]
+        cluster.stop()
 
 
 def submit(address, env, command, runtime_env=None):

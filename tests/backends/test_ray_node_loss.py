@@ -11,7 +11,6 @@ training before it logs the last one). The GCS health checks are fast here (FAST
 that a dead node is noticed in seconds rather than Ray's default half a minute.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,8 @@ import pytest
 from hfl.config import load_config
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment
-from tests.backends.test_ray_multinode import RAY, TIERS, free_port, list_nodes, node_ports
+from tests.backends.loopback_cluster import LoopbackCluster
+from tests.backends.test_ray_multinode import TIERS
 from tests.conftest import QUICKSTART, ROOT, cli_env
 
 pytestmark = pytest.mark.slow
@@ -35,88 +35,16 @@ FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_ti
 under load (other tests, other users) is not taken for dead."""
 
 
-class Cluster:
-    """Three `ray start --block` processes, each in a process group of its own, so that killing a
-    group SIGKILLs that node's raylet and workers (and nothing else)."""
-
-    def __init__(self, temp: Path, token: str) -> None:
-        self.port, self.dashboard = free_port(), free_port()
-        self.token, self.temp = token, temp
-        self.env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0", **FAST_HEALTH_CHECKS}
-        self.address = f"http://127.0.0.1:{self.dashboard}"
-        join = [RAY, "start", "--block", f"--address=127.0.0.1:{self.port}", "--node-ip-address=127.0.0.1"]
-        self.commands = {
-            # The head without --block, as `ray up` starts it: `ray start --block` would take the
-            # whole head down with its GCS, and the driver with its raylet, before it could say a word.
-            "head": [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}", "--dashboard-host=127.0.0.1",
-                     f"--dashboard-port={self.dashboard}", f"--ray-client-server-port={free_port()}", "--num-cpus=1", f"--temp-dir={temp}"],
-            "small": [*join, "--num-cpus=1", '--resources={"hfl_tier_small": 1}'],
-            "large": [*join, "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}'],
-        }
-        self.nodes: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str) -> None:
-        """Start node `name` and wait until the cluster lists it alive (a node joining runs
-        alone: nodes starting at once on one machine pick the same socket and log names)."""
-        want = len(self.alive()) + 1 if self.nodes else 1
-        self.nodes[name] = subprocess.Popen([*self.commands[name], *node_ports()], env=self.env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.time() + 180
-        while len(self.alive()) < want:
-            if time.time() > deadline:
-                pytest.fail(f"Ray node {name} did not join within 180 s")
-            time.sleep(1)
-
-    def alive(self) -> list[dict]:
-        try:
-            return [n for n in list_nodes(self.address, self.token) if n["state"] == "ALIVE"]
-        except Exception:  # noqa: BLE001 - the dashboard is not up yet
-            return []
-
-    def kill(self, name: str) -> None:
-        """SIGKILL node `name`: its raylet, its workers and its `ray start`, all at once."""
-        node = self.nodes.pop(name)
-        os.killpg(node.pid, signal.SIGKILL)
-        node.wait()
-
-    def kill_gcs(self) -> None:
-        """SIGKILL the head's GCS server alone (its raylet and dashboard stay, as when the GCS crashes)."""
-        head = self.nodes["head"].pid
-        out = subprocess.run(["pgrep", "-g", str(head), "-x", "gcs_server"], capture_output=True, text=True, check=False).stdout
-        pids = [int(p) for p in out.split()]
-        assert pids, "no gcs_server in the head's process group"
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-
-    def stop(self, gracefully: bool = True) -> None:
-        """Stop every node: SIGTERM first (`gracefully`), then SIGKILL to its process group. A node
-        whose head is gone waits out the whole SIGTERM timeout: there, not `gracefully`."""
-        for name in reversed(list(self.nodes)):
-            node = self.nodes.pop(name)
-            if gracefully and node.poll() is None:
-                node.terminate()  # `ray start --block` stops its node's processes on SIGTERM in ~3 s
-                try:
-                    node.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(node.pid, signal.SIGKILL)  # what outlived it: the head's daemons, a GCS-less raylet's workers
-            except ProcessLookupError:
-                pass
-            node.wait()
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    temp = Path("/tmp") / f"hfl-nl-{os.getpid()}"  # Ray limits socket path lengths: keep it short
-    cluster = Cluster(temp, os.urandom(32).hex())
+    cluster = LoopbackCluster(Path("/tmp") / f"hfl-nl-{os.getpid()}", {**cli_env(), **FAST_HEALTH_CHECKS}, block_head=False)
     try:
-        for name in ("head", "small", "large"):
-            cluster.start(name)
+        cluster.start("head", "--num-cpus=1")
+        cluster.start("small", "--num-cpus=1", '--resources={"hfl_tier_small": 1}')
+        cluster.start("large", "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}')
         yield cluster
     finally:
         cluster.stop()
-        subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 
 @pytest.fixture(scope="module")
