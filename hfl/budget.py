@@ -14,7 +14,7 @@ from torch import nn
 
 from hfl.accounting.amounts import parse_width
 from hfl.accounting.budgets import assign_budgets
-from hfl.accounting.cost import OPTIMIZER_STATE_COPIES, tensor_bytes
+from hfl.accounting.cost import OPTIMIZER_STATE_COPIES, sparse_weight_saving
 from hfl.accounting.flops import FlopCounterMode
 from hfl.config import ExperimentConfig, build_dataclass
 from hfl.experiment import ClientEnvironment, accountant_for, build_model_for, train_settings
@@ -179,14 +179,6 @@ def activation_elements(model: nn.Module, batch: torch.Tensor) -> int:
     for hook in hooks:
         hook.remove()
     return total
-
-
-def sparse_weight_saving(state: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> int:
-    """Bytes a client saves by holding the weights `masks` prunes sparse, their kept values and
-    positions in the appendix's storage by density (what `tensor_bytes` counts for uploads), instead
-    of masked-dense."""
-    masked = {k: state[k] for k in masks}
-    return sum(t.numel() * t.element_size() for t in masked.values()) - tensor_bytes(masked, masks)
 
 
 def sparse_rows(config: ExperimentConfig, env: ClientEnvironment, sparsities: tuple[float, ...] = SPARSITIES) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from hfl.accounting.accountant import Accountant, CostScopes, optimizer_kind
 from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.budgets import assign_budgets
+from hfl.accounting.cost import sparse_weight_saving
 from hfl.client import (
     SHUFFLE_STREAM,
     ClientBatches,
@@ -397,14 +398,20 @@ class ClientEnvironment:
         return self._classes[client]
 
     def cost_metrics(self, task: ClientTask) -> dict[str, object]:
-        """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape)."""
+        """The client-round's budget, estimated peak memory and FLOPs (cached per sub-model shape).
+        A pruning method's client-round also has the estimated peak with its pruned weights held as
+        a sparse client stores them (`estimated_sparse_peak_bytes`); `estimated_peak_bytes`, which
+        budgets are checked against, holds them masked-dense, as hfl trains them."""
         ctx = task.ctx
         cost = self.method.training_cost(task, min(ctx.train.batch_size, ctx.num_samples))
         budget = ctx.budget
+        masks = task.spec.masks
         return {
             "tier": budget.tier if budget else None,
             "budget_bytes": budget.memory_bytes if budget else None,
             "estimated_peak_bytes": cost.peak_bytes,
+            **({"estimated_sparse_peak_bytes": cost.peak_bytes - sparse_weight_saving(self.method.model.state_dict(), masks)}
+               if masks else {}),
             "flops": cost.train_flops_per_sample * ctx.num_samples * ctx.train.local_epochs,
             "budget_flops": budget.flops if budget else None,
             "budget_upload_bytes": budget.upload_bytes if budget else None,

@@ -105,7 +105,7 @@ def existing_wandb_id(out_dir: Path) -> str | None:
 SIMULATED_TIME = "simulated_time"
 """The step metric of a run with devices: its rows' keys are plotted against simulated seconds."""
 
-TIER_MEANS = ("train_loss", "estimated_peak_bytes", "measured_peak_bytes", "flops", "bytes_down", "bytes_up", "seconds")
+TIER_MEANS = ("train_loss", "estimated_peak_bytes", "estimated_sparse_peak_bytes", "measured_peak_bytes", "flops", "bytes_down", "bytes_up", "seconds")
 """Client fields averaged per budget tier in each round's wandb row."""
 
 

@@ -122,7 +122,8 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     has_submodels = any("worst_submodel_accuracy" in r.summary for r in runs)
     if has_submodels:
         headers += ["worst sub-model", "mean sub-model"]
-    headers += ["mean peak MiB", "max peak MiB", "GFLOPs/round", "MiB down/round", "MiB up/round", "violations", "failed", "skipped", "wall s"]
+    has_sparse = any("mean_estimated_sparse_peak_bytes" in r.summary for r in runs)
+    headers += ["mean peak MiB", *(["mean peak MiB, sparse weights"] if has_sparse else []), "max peak MiB", "GFLOPs/round", "MiB down/round", "MiB up/round", "violations", "failed", "skipped", "wall s"]
     rows = []
     for run in runs:
         s, c, n = run.summary, run.config, max(len(run.rounds), 1)
@@ -135,7 +136,9 @@ def comparison_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         if has_submodels:
             row += [_fmt(s.get("worst_submodel_accuracy")), _fmt(s.get("mean_submodel_accuracy"))]
         row += [
-            _fmt(s.get("mean_estimated_peak_bytes"), MIB, 2), _fmt(s.get("max_estimated_peak_bytes"), MIB, 2),
+            _fmt(s.get("mean_estimated_peak_bytes"), MIB, 2),
+            *([_fmt(s.get("mean_estimated_sparse_peak_bytes"), MIB, 2)] if has_sparse else []),
+            _fmt(s.get("max_estimated_peak_bytes"), MIB, 2),
             _fmt(s.get("total_flops", 0) / n, 1e9, 2), _fmt(s.get("total_bytes_down", 0) / n, MIB, 2),
             _fmt(s.get("total_bytes_up", 0) / n, MIB, 2), _fmt(s.get("budget_violations")),
             _fmt(s.get("failed_client_rounds")), _fmt(s.get("skipped_client_rounds")), _fmt(s.get("wall_seconds"), 1.0, 1),

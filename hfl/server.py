@@ -87,6 +87,8 @@ def resource_summary(clients: list[dict[str, Any]]) -> dict[str, Any]:
         "max_estimated_peak_bytes": max((c["estimated_peak_bytes"] for c in clients), default=None),
         "max_measured_peak_bytes": max((c["measured_peak_bytes"] for c in clients if c.get("measured_peak_bytes")), default=None),
     }
+    if sparse := [c["estimated_sparse_peak_bytes"] for c in clients if "estimated_sparse_peak_bytes" in c]:  # a pruning method's
+        summary |= {"mean_estimated_sparse_peak_bytes": _mean(sparse), "max_estimated_sparse_peak_bytes": max(sparse)}
     tiers: dict[str, dict[str, Any]] = {}
     for tier in sorted({c["tier"] for c in clients if c.get("tier") is not None}):
         members = [(c, e) for c, e in zip(clients, excess) if c["tier"] == tier]

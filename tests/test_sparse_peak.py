@@ -37,3 +37,35 @@ def test_the_sparse_peak_holds_each_pruned_weight_as_values_and_positions():
             assert row["peak_bytes"] - row["sparse_peak_bytes"] == saving, method
         assert rows["fedtiny", sparsity]["peak_bytes"] == dense["peak_bytes"]  # masked-dense: FedAvg's
         assert rows["fedtiny", sparsity]["sparse_peak_bytes"] < dense["peak_bytes"]
+
+
+def test_a_pruning_runs_client_rounds_carry_the_peak_with_sparse_weights_and_a_dense_runs_do_not(tmp_path):
+    """metrics.jsonl names both figures of a pruning method's client-round: `estimated_peak_bytes`
+    (masked-dense, what budgets are checked against) and `estimated_sparse_peak_bytes` (its pruned
+    weights as values and positions); summary.json and `hfl report` carry their means."""
+    import json
+
+    from hfl.loggers import read_metrics
+    from hfl.report import comparison_rows, load_run
+    from hfl.server import SUMMARY, run_experiment
+
+    # A batch as large as each client's data, so that the clients' peaks differ and a mean is not a maximum.
+    pruned = small_config(method={"name": "fedtiny", "sparsity": 0.9}, fl={"rounds": 1, "batch_size": 512},
+                          data={"partition": "dirichlet_unbalanced"})
+    masks = ClientEnvironment.from_config(pruned).method.init_state().masks  # the first round's, as the run builds them
+    saving = sum(4 * m.numel() - stored_bytes_by_hand(m.numel(), m.shape[0], int(m.sum())) for m in masks.values())
+    run_experiment(pruned, tmp_path / "fedtiny")
+    run_experiment(small_config(fl={"rounds": 1}), tmp_path / "fedavg")
+
+    clients = read_metrics(tmp_path / "fedtiny")[0]["clients"]
+    assert len({c["estimated_peak_bytes"] for c in clients}) > 1 and saving > 0
+    assert all(c["estimated_peak_bytes"] - c["estimated_sparse_peak_bytes"] == saving for c in clients)
+    assert not any("estimated_sparse_peak_bytes" in c for c in read_metrics(tmp_path / "fedavg")[0]["clients"])
+    summary = json.loads((tmp_path / "fedtiny" / SUMMARY).read_text())
+    assert summary["mean_estimated_sparse_peak_bytes"] == summary["mean_estimated_peak_bytes"] - saving
+    assert summary["max_estimated_sparse_peak_bytes"] == summary["max_estimated_peak_bytes"] - saving
+    assert "mean_estimated_sparse_peak_bytes" not in json.loads((tmp_path / "fedavg" / SUMMARY).read_text())
+
+    headers, rows = comparison_rows([load_run(tmp_path / "fedtiny"), load_run(tmp_path / "fedavg")])
+    column = headers.index("mean peak MiB, sparse weights")
+    assert float(rows[0][column]) == round((summary["mean_estimated_peak_bytes"] - saving) / 2**20, 2) and rows[1][column] == "-"

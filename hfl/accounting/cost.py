@@ -95,6 +95,14 @@ def tensor_bytes(tensors: Mapping[str, Tensor], masks: Mapping[str, Tensor] | No
     )
 
 
+def sparse_weight_saving(state: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> int:
+    """Bytes a client saves by holding the weights `masks` prunes sparse, their kept values and
+    positions in the appendix's storage by density (what `tensor_bytes` counts for uploads), instead
+    of masked-dense."""
+    masked = {k: state[k] for k in masks}
+    return sum(t.numel() * t.element_size() for t in masked.values()) - tensor_bytes(masked, masks)
+
+
 def _storage_key(t: Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     return storage.data_ptr(), storage.nbytes()

@@ -100,6 +100,15 @@ def first_difference(expected: Any, found: Any, path: str = "") -> str | None:
     return None if expected == found else f"{path}: recorded {expected!r}, now {found!r}"
 
 
+def only_gained(expected: Any, found: Any) -> bool:
+    """Whether `found` is `expected` with dict keys added and nothing else changed."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        return all(key in found and only_gained(value, found[key]) for key, value in expected.items())
+    if isinstance(expected, list) and isinstance(found, list):
+        return len(expected) == len(found) and all(only_gained(e, f) for e, f in zip(expected, found))
+    return expected == found
+
+
 def float_differences(recorded: dict[str, float], found: dict[str, float], tolerance: Tolerance | None) -> list[str]:
     """The measured floats that differ (exactly, with `tolerance` None; else beyond it), as
     `path: recorded X, now Y`, in recorded order; a path only on one side is a difference too."""

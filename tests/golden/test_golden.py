@@ -149,3 +149,36 @@ def test_tolerance_is_per_round_and_by_kind():
     assert tolerance.allows("[1].clients[0].train_loss", 1.0, 1.0009) and not tolerance.allows("[3].loss", 1.0, 1.002)
     assert tolerance.allows("[0].accuracy", 0.5, 0.509) and not tolerance.allows("[0].submodel_accuracy.x0.5", 0.5, 0.52)
     assert tolerance.allows("[1].exit_accuracy.exit0", 0.5, 0.519) and not tolerance.allows("[1].loss", float("nan"), 1.0)
+
+
+def test_recording_a_run_that_only_gained_a_fact_keeps_every_platforms_floats(tmp_path, monkeypatch):
+    """A new field in a run's records is not a change of numbers: another platform's floats stay. A
+    changed fact, or a float changed here, drops them (they are stale)."""
+    import tests.golden.runs as golden_runs
+
+    monkeypatch.setattr(golden_runs, "FIXTURES", tmp_path)
+    monkeypatch.setattr(golden_runs, "PLATFORMS", tmp_path / "platforms.json")
+    platform = {"processor": "Example family 1 model 2", "isa": "AVX2", "torch": "2.0", "blas": "MKL 2024.2"}
+    here = key(platform)
+
+    def recorded(**extra: Any) -> list[dict[str, Any]]:
+        return [{"round": 1, "loss": 0.5, "clients": [{"id": 0, "train_loss": 1.25, "flops": 10, **extra}]}]
+
+    def write(facts_of: list[dict[str, Any]]) -> None:
+        facts, floats = split(facts_of)
+        (tmp_path / "run.json").write_text(json.dumps({"facts": facts, "floats": {here: floats, "elsewhere": floats}}))
+
+    def kept_platforms() -> list[str]:
+        return sorted(json.loads((tmp_path / "run.json").read_text())["floats"])
+
+    write(recorded())
+    changes = golden_runs.record(platform, {"run": recorded(estimated_sparse_peak_bytes=7)})
+    assert "facts gained fields" in changes[0] and kept_platforms() == sorted(["elsewhere", here])
+    assert json.loads((tmp_path / "run.json").read_text())["facts"][0]["clients"][0]["estimated_sparse_peak_bytes"] == 7
+
+    for changed in ({"flops": 11}, {"train_loss": 1.5}):  # a fact changed; a float changed on this platform
+        write(recorded())
+        gained = recorded(estimated_sparse_peak_bytes=7)
+        gained[0]["clients"][0].update(changed)
+        golden_runs.record(platform, {"run": gained})
+        assert kept_platforms() == [here], changed
