@@ -29,6 +29,7 @@ def test_bf16_saves_activations_in_half_the_bytes_and_keeps_float32_weights():
     assert bf16.peak_bytes < 0.75 * fp32.peak_bytes
 
 
+@pytest.mark.slow  # an end-to-end run of 3-5 s: CI runs it, the fast lane does not
 def test_a_budget_between_the_two_peaks_gives_the_whole_model_only_in_bf16():
     peaks = {p: heterofl_environment(p).accountant.plain_cost(1.0, 32).peak_bytes for p in ("32-true", "bf16-mixed")}
     between = f"{(peaks['32-true'] + peaks['bf16-mixed']) // 2}"

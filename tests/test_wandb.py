@@ -179,6 +179,7 @@ def test_run_ids_differ_by_config_seed_and_folder_but_not_by_paths_or_logging(tm
     assert wandb_run_id(small_config(name="a/b c"), tmp_path).startswith("a_b_c-")
 
 
+@pytest.mark.slow  # an end-to-end run of 3-5 s: CI runs it, the fast lane does not
 def test_a_resumed_run_keeps_its_wandb_id_and_a_trial_logs_its_swept_values(tmp_path):
     config = small_config(fl={"rounds": 1}, logging={"wandb": True})
     run_experiment(config, tmp_path)

@@ -29,6 +29,7 @@ def registered():
     return METHODS.get("smooth_widths")
 
 
+@pytest.mark.slow  # an end-to-end run of 3-5 s: CI runs it, the fast lane does not
 def test_the_readme_method_runs_within_budgets_and_scores_every_width(registered, tmp_path):
     config = small_config(method={"name": "smooth_widths", "smoothing": 0.2}, model={"name": "preresnet20"},
                           budgets={"scenario": "fair"}, fl={"rounds": 2, "clients": 8, "fraction": 1.0})

@@ -235,6 +235,7 @@ def test_vit_submodels_take_attention_and_mlp_step_copies():
     assert method.submodels_[0].omitted  # encoder blocks omitted at gamma 0.2
 
 
+@pytest.mark.slow  # an end-to-end run of 3-5 s: CI runs it, the fast lane does not
 def test_vit_trains_width_and_depth_submodels(tmp_path):
     config = small_config(method={"name": "nefl", "scaling": "wd"}, model={"name": "vit"}, fl={"rounds": 1, "clients": 5, "fraction": 1.0})
     summary = run_experiment(config, tmp_path)

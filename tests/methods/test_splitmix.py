@@ -105,6 +105,7 @@ def test_the_mix_is_the_mean_of_the_bases_logits():
     assert torch.allclose(ensemble_loss(mix, x, y), sum(F.cross_entropy(b(x), y) for b in bases))
 
 
+@pytest.mark.slow  # an end-to-end run of 3-5 s: CI runs it, the fast lane does not
 def test_every_width_of_the_mix_is_scored_with_static_batch_norm(tmp_path):
     config = small_config(method={"name": "splitmix", "base_width": 0.5}, model={"name": "preresnet20", "norm": "static_bn"},
                           fl={"rounds": 1, "clients": 2, "fraction": 1.0})
