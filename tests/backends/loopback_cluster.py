@@ -10,6 +10,7 @@ printed.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,7 +110,7 @@ class LoopbackCluster:
                 time.sleep(1)
             else:
                 return
-            self._kill(name)
+            self.kill(name)
             if attempt == ATTEMPTS or time.time() > deadline:
                 why = f"exited with {node.returncode}" if failed else f"did not join (an attempt may take {ATTEMPT_S:g} s, all {limit:g} s)"
                 pytest.fail(f"Ray node {name} {why} (attempt {attempt} of {ATTEMPTS}); it printed:\n"
@@ -117,9 +118,6 @@ class LoopbackCluster:
 
     def kill(self, name: str) -> None:
         """SIGKILL node `name`: its raylet, its workers and its `ray start`, all at once."""
-        self._kill(name)
-
-    def _kill(self, name: str) -> None:
         node = self.nodes.pop(name)
         try:
             os.killpg(node.pid, signal.SIGKILL)
@@ -149,5 +147,6 @@ class LoopbackCluster:
                     node.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     pass
-            self._kill(name)  # what outlived it: the head's daemons, a GCS-less raylet's workers
-        subprocess.run(["rm", "-rf", str(self.temp), str(self.logs)], check=False)
+            self.kill(name)  # what outlived it: the head's daemons, a GCS-less raylet's workers
+        for folder in (self.temp, self.logs):
+            shutil.rmtree(folder, ignore_errors=True)
