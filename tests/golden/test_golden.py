@@ -5,8 +5,9 @@ portable runs also hold under a second numerical path of this machine, so that t
 any one machine that the tolerance carries across processors.
 
 The runs go in `SHARDS` groups, each reproduced by one pinned subprocess the first time one of its
-tests asks: `-k NAME` pays for NAME's shard only, and under pytest-xdist's `--dist loadgroup` each
-shard runs on one worker (`xdist_group`), so the shards split across cores without running twice."""
+tests asks, with only the runs this session selected (`-k NAME` pays for NAME alone); under
+pytest-xdist's `--dist loadgroup` each shard runs on one worker (`xdist_group`), so the shards split
+across cores without running twice."""
 
 import json
 import platform as host
@@ -22,8 +23,10 @@ from tests.golden.recorded import require_recorded_builds
 from tests.golden.runs import FIXTURES, OTHER_PATH, PLATFORMS, differences, fixture, platforms, run_pinned, runs, tolerance_for
 
 NAMES = sorted(runs())
-SHARDS = 8
-"""About nine runs each, half a minute of runs per subprocess on a CI core beside its start-up."""
+SHARDS = 3
+"""One per worker of `-n auto` on 2 cores: each subprocess pays ~6 CPU-seconds to start (torch,
+torch._dynamo, hfl), about an eighth of its runs' work; 8 shards spent ~30 CPU-seconds more of the
+suite's 2-core budget."""
 PORTABLE_NAMES = [n for n in NAMES if n.startswith("portable__")]
 
 
@@ -32,14 +35,17 @@ def shard_of(name: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def reproduced(tmp_path_factory) -> Callable[[str], tuple[str, list[dict[str, Any]]]]:
-    """(this platform's key, the metrics of a run), reproduced with the rest of its shard on first request."""
+def reproduced(request, tmp_path_factory) -> Callable[[str], tuple[str, list[dict[str, Any]]]]:
+    """(this platform's key, the metrics of a run), reproduced on first request with the rest of its
+    shard's runs that this session selected."""
     shards: dict[int, tuple[str, dict[str, list[dict[str, Any]]]]] = {}
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_run_reproduces_its_recorded_metrics"}
 
     def metrics(name: str) -> tuple[str, list[dict[str, Any]]]:
         shard = shard_of(name)
         if shard not in shards:
-            members = [n for n in NAMES if shard_of(n) == shard]
+            members = [n for n in NAMES if shard_of(n) == shard and n in selected]
             described, found = run_pinned(tmp_path_factory.mktemp(f"golden{shard}") / "runs.json", members, exact=True)
             shards[shard] = (key(described), found)
         here, found = shards[shard]
