@@ -28,6 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(variable, "1")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist (`-p no:xdist`) it is not declared
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the cores this process may use. A third of the suite's
     time is spent waiting (Ray clusters starting and losing nodes, drivers in subprocesses), which a
