@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hfl.config import load_config
 from hfl.errors import ConfigError
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment, sample_cohort
@@ -75,7 +76,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     overrides = ["fl.rounds=6", "fl.clients=6", "fl.fraction=1.0", "fl.local_epochs=4", "backend.device=cpu"]
     command = [sys.executable, "-m", "hfl.cli", "run", str(QUICKSTART), *overrides]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    subprocess.run([*command, "--out", str(full)], check=True, cwd=ROOT, env=cli_env(), capture_output=True)
+    # The uninterrupted run in this process: a run computes the same in any process (two fresh ones: below).
+    run_experiment(load_config(QUICKSTART, overrides), full)
 
     proc = subprocess.Popen([*command, "--out", str(killed)], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
