@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,22 @@ def real_data(*parts: str) -> Path:
         pytest.skip(reason)
     return path
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
+
+def pytest_configure(config):
+    """The suite's processes (workers, golden runs, CLI subprocesses, Ray actors: they inherit the
+    environment) share their measured training costs through one folder for the session
+    (`hfl.accounting.cost_store`): a third of the suite's measuring was processes repeating
+    measurements another had made. The controller makes it; its workers find it set."""
+    if "HFL_COST_STORE" not in os.environ:
+        config.cost_store = tempfile.TemporaryDirectory(prefix="hfl-costs-")
+        os.environ["HFL_COST_STORE"] = config.cost_store.name
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "cost_store"):
+        os.environ.pop("HFL_COST_STORE", None)
+        config.cost_store.cleanup()
+
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `-n auto` starts a worker per core and one more: one thread each (and in the processes they start), or

@@ -1,6 +1,7 @@
 """Training costs of an experiment's models, measured once per key and batch size and cached: for
 the experiment alone, or shared with every experiment of the process that builds the same models
-(`Accountant.shared_as`), so that a sweep, a resumed run or a suite of runs measures nothing twice."""
+(`Accountant.shared_as`), so that a sweep, a resumed run or a suite of runs measures nothing twice;
+with `HFL_COST_STORE`, shared with the other processes of a session too (`hfl.accounting.cost_store`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hfl.accounting.cost import (
     measure_training_cost,
     zero_inputs,
 )
+from hfl.accounting.cost_store import stored_cost
 from hfl.models.base import ScalableModel
 from hfl.seeding import aside_from_torch_stream
 
@@ -135,5 +137,6 @@ class Accountant:
             if store is _shared_costs and len(store) >= SHARED_COSTS_KEPT:
                 del store[next(iter(store))]
             with aside_from_torch_stream():  # the probe models are built lazily
-                store[full_key] = measured()
+                # Only a shared key names the models it measured: filed for other processes (cost_store).
+                store[full_key] = stored_cost(full_key, measured) if store is _shared_costs else measured()
         return store[full_key]
