@@ -22,20 +22,23 @@ def real_data(*parts: str) -> Path:
     return path
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 
+COST_STORE = pytest.StashKey[tempfile.TemporaryDirectory]()
+
+
 def pytest_configure(config):
     """The suite's processes (workers, golden runs, CLI subprocesses, Ray actors: they inherit the
     environment) share their measured training costs through one folder for the session
     (`hfl.accounting.cost_store`): a third of the suite's measuring was processes repeating
     measurements another had made. The controller makes it; its workers find it set."""
     if "HFL_COST_STORE" not in os.environ:
-        config.cost_store = tempfile.TemporaryDirectory(prefix="hfl-costs-")
-        os.environ["HFL_COST_STORE"] = config.cost_store.name
+        folder = config.stash[COST_STORE] = tempfile.TemporaryDirectory(prefix="hfl-costs-")
+        os.environ["HFL_COST_STORE"] = folder.name
 
 
 def pytest_unconfigure(config):
-    if hasattr(config, "cost_store"):
+    if COST_STORE in config.stash:
         os.environ.pop("HFL_COST_STORE", None)
-        config.cost_store.cleanup()
+        config.stash[COST_STORE].cleanup()
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

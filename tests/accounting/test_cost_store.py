@@ -2,32 +2,15 @@
 finds a measurement there makes none and plans with the same numbers; another torch or hfl source,
 or a key that is not plain values, measures afresh."""
 
-import pytest
 import torch
 
-import hfl.accounting.accountant as accountant_module
-import hfl.accounting.cost_store as cost_store
+from hfl.accounting import cost_store
 from hfl.experiment import ClientEnvironment
 from hfl.loggers import read_metrics
 from hfl.server import run_experiment
 from tests.conftest import small_config
 
 CONFIG = {"method": {"name": "heterofl"}, "budgets": {"scenario": "fair"}, "fl": {"rounds": 1, "clients": 4, "fraction": 1.0}}
-
-
-@pytest.fixture
-def fresh_process(monkeypatch):
-    """Empties this process's own measurements, as a new process starts, and counts those it makes."""
-    calls = []
-    measure = accountant_module.measure_training_cost
-
-    def start():
-        monkeypatch.setattr(accountant_module, "_shared_costs", {})
-        calls.clear()
-
-    monkeypatch.setattr(accountant_module, "measure_training_cost", lambda model, *a, **k: calls.append(model) or measure(model, *a, **k))
-    start()
-    return start, calls
 
 
 def estimates(out):

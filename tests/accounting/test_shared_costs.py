@@ -15,15 +15,11 @@ FAIR = {"scenario": "fair"}
 
 
 @pytest.fixture
-def measured(monkeypatch):
+def measured(fresh_process, monkeypatch):
     """The models measured from here on, in a process that has measured nothing yet (and finds
     nothing another process measured)."""
-    calls = []
     monkeypatch.delenv("HFL_COST_STORE", raising=False)
-    measure = accountant_module.measure_training_cost
-    monkeypatch.setattr(accountant_module, "_shared_costs", {})
-    monkeypatch.setattr(accountant_module, "measure_training_cost", lambda model, *a, **k: calls.append(model) or measure(model, *a, **k))
-    return calls
+    return fresh_process[1]
 
 
 def heterofl(**fl):
