@@ -221,3 +221,21 @@ def write_shakespeare_corpus(root):
                 "[Enter three players.]\n\n" + "\n\n".join(speeches) + "\n\nTHE END\n\n*** END OF THIS PROJECT GUTENBERG EBOOK ***\n")
         (folder / f"{play}_gut.txt").write_text(text)
     return Path(root)
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """(start, calls): `start()` empties this process's shared training-cost measurements, as a
+    new process begins, and `calls` lists the models measured since (the accounting tests)."""
+    import hfl.accounting.accountant as accountant_module
+
+    calls = []
+    measure = accountant_module.measure_training_cost
+
+    def start():
+        monkeypatch.setattr(accountant_module, "_shared_costs", {})
+        calls.clear()
+
+    monkeypatch.setattr(accountant_module, "measure_training_cost", lambda model, *a, **k: calls.append(model) or measure(model, *a, **k))
+    start()
+    return start, calls
