@@ -1,23 +1,23 @@
 """What one client-round of training costs: memory by kind, FLOPs, and the bytes it moves.
 
-Memory is measured, not modelled. Two real training steps run (zero_grad, forward, backward, optimiser
-step, as a client runs them). The second, steady one (the optimiser state the first created exists)
-runs under a `LiveStorageTracker`, which starts from the gradients and state the first left and sees
-every tensor the step creates and frees: gradients, optimiser temporaries, activations saved for
-backward, the gradients of activations. The peak is the largest total at any moment, plus the tensors
-held throughout (weights, one input batch). Tracking only the second step gives the same peaks as
-tracking both (the golden runs' estimates are unchanged) in about 10 % less time of a run.
-Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`), for the
-breakdown. FLOPs come from `torch.utils.flop_counter.FlopCounterMode` (its total alone:
-`TotalFlopCounterMode`), with the CPU attention kernels counted too (`hfl.accounting.flops`).
+Memory is measured, not modelled. Real training steps run (zero_grad, forward, backward, optimiser
+step, as a client runs them). A first step creates the optimiser's state; each steady step after it
+runs under a `LiveStorageTracker`, which starts from the gradients and state the step before left
+and sees every tensor the step creates and frees: gradients, optimiser temporaries, activations
+saved for backward, the gradients of activations. The peak is the largest total at any moment, plus
+the tensors held throughout (weights, one input batch). Tracking only the steady steps gives the
+same peaks as tracking every step (the golden runs' estimates are unchanged) in about 10 % less
+time of a run. Saved activations alone are also counted (`torch.autograd.graph.saved_tensors_hooks`),
+for the breakdown. FLOPs are `torch.utils.flop_counter`'s formulas, with the CPU attention kernels
+counted too, summed in the tracker's own dispatch mode (`hfl.accounting.flops.FlopCountingTracker`).
 
 The batch is what the experiment's clients read: standard-normal float inputs of `input_shape`
 (C, H, W) and a class each for images, or token ids of `input_shape` (the sequence) with a target
 token at every position for a language model (`input_dtype` int64).
 
 Every tensor a step creates is either independent of the batch size or proportional to it, so the
-live total at each moment of the step is affine in the batch: the steps run at batch sizes 2 and 4
-and the timeline is extrapolated moment by moment, which gives the peak at any batch size exactly
+live total at each moment of the step is affine in the batch: steady steps run at batch sizes 2
+and 4 (after one first step) and the timeline is extrapolated moment by moment, which gives the peak at any batch size exactly
 (checked against a direct run in the tests) and cheaply. The optimiser is the multi-tensor
 (`foreach`) implementation clients use (`hfl.client.client_optimizer`).
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hfl.accounting.flops import TotalFlopCounterMode
+from hfl.accounting.flops import FlopCountingTracker
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
@@ -177,34 +177,34 @@ def _train_step(
     step: Step,
     opt: torch.optim.Optimizer | None,
     saving: contextlib.AbstractContextManager = contextlib.nullcontext(),
-    counter: TotalFlopCounterMode | None = None,
+    counter: FlopCountingTracker | None = None,
     precision: str = "32-true",
 ) -> tuple[int, int]:
     """One training step as a client runs it (zero_grad, forward under `saving` and `precision`'s
-    autocast, backward, optimiser step); with `counter`, the forward and backward FLOPs it counts
-    around those two."""
+    autocast, backward, optimiser step); with `counter` (entered), the forward and backward FLOPs it
+    counts during those two."""
     if opt is not None:
         opt.zero_grad(set_to_none=True)
-    forward = backward = 0
-    with counter if counter is not None else contextlib.nullcontext():
-        with saving, autocast_for(precision, x.device.type):
-            loss = step(model, x, y)
-        if counter is not None:
-            forward = counter.get_total_flops()
-        if loss.requires_grad:
-            loss.backward()
-        if counter is not None:
-            backward = counter.get_total_flops() - forward
+    if counter is not None:
+        counter.counting = True
+    start = counter.flops if counter is not None else 0
+    with saving, autocast_for(precision, x.device.type):
+        loss = step(model, x, y)
+    after_forward = counter.flops if counter is not None else 0
+    if loss.requires_grad:
+        loss.backward()
+    if counter is not None:
+        counter.counting = False
+    after_backward = counter.flops if counter is not None else 0
     del loss
     if opt is not None:
         opt.step()
-    return forward, backward
+    return after_forward - start, after_backward - after_forward
 
 
 def _measure_steps(
     model: nn.Module,
-    x: Tensor,
-    y: Tensor,
+    batches: list[tuple[Tensor, Tensor]],
     step: Step,
     optimizer: str,
     weight_decay: float,
@@ -212,45 +212,52 @@ def _measure_steps(
     count_flops: bool,
     conv_workspace: bool,
     precision: str,
-) -> _StepMeasurement:
-    """Two training steps of `model` on batch (x, y), the second (steady: the optimiser's state
-    exists) under the live-storage tracker, which starts from the gradients and state the first left;
-    the second step's saved activations (only `record_only`'s, if given) and FLOPs; with
-    `conv_workspace`, the largest convolution's unfolded input."""
+) -> list[_StepMeasurement]:
+    """A first training step of `model` on the first of `batches`, then one steady step on each
+    (the optimiser's state exists), each under the live-storage tracker, which starts from the
+    gradients and state the step before left; each steady step's saved activations (only
+    `record_only`'s, if given) and FLOPs; with `conv_workspace`, the largest convolution's unfolded
+    input. A steady step starts from what any step before it left (the same tensors' shapes at
+    every batch size), so one first step serves all the batches."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = probe_optimizer(trainable, optimizer, weight_decay) if trainable else None
-    meter = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
+    meter = [SavedTensorMeter(exclude=[])]  # the steady step's
     hooks = []
     if record_only is not None:  # count only what this module saves (e.g. one block of a depth-wise method)
-        meter.recording = False
-        hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter, "recording", True)))
-        hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter, "recording", False)))
+        hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter[0], "recording", True)))
+        hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter[0], "recording", False)))
     workspace = [0]
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)] if conv_workspace else []
     for conv in convs:
         hooks.append(conv.register_forward_hook(
             lambda module, _, out: workspace.__setitem__(0, max(workspace[0], conv_workspace_bytes(module, out)))))
-    tracker = LiveStorageTracker(x.device.type, record=True)
-    forward = backward = 0
+    measured = []
     try:
         # The first step creates the optimiser's state. It runs untracked (the dispatch mode is most
         # of a measurement's time), and the steady step's count starts from what it left alive.
-        _train_step(model, x, y, step, opt, precision=precision)
-        held = [p.grad for p in trainable if p.grad is not None]
-        if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
-            held += [t for state in opt.state.values() for k, t in state.items() if isinstance(t, Tensor) and k != "step"]
-        with tracker:
-            tracker.hold(held)
-            del held
-            counter = TotalFlopCounterMode() if count_flops else None
-            saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
-            forward, backward = _train_step(model, x, y, step, opt, saving, counter, precision)
+        _train_step(model, *batches[0], step, opt, precision=precision)
+        for x, y in batches:
+            held = [p.grad for p in trainable if p.grad is not None]
+            if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
+                held += [t for state in opt.state.values() for k, t in state.items() if isinstance(t, Tensor) and k != "step"]
+            meter[0] = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
+            meter[0].recording = record_only is None
+            tracker = FlopCountingTracker(x.device.type)
+            workspace[0] = 0
+            try:
+                with tracker:
+                    tracker.hold(held)
+                    del held
+                    saving = torch.autograd.graph.saved_tensors_hooks(meter[0].pack, meter[0].unpack)
+                    forward, backward = _train_step(model, x, y, step, opt, saving, tracker if count_flops else None, precision)
+            finally:
+                tracker.stop()
+            measured.append(_StepMeasurement(tracker.timeline, meter[0].bytes, forward, backward, workspace[0]))
     finally:
-        tracker.stop()
         for hook in hooks:
             hook.remove()
         model.zero_grad(set_to_none=True)
-    return _StepMeasurement(tracker.timeline, meter.bytes, forward, backward, workspace[0])
+    return measured
 
 
 def example_batch(
@@ -311,14 +318,14 @@ def measure_training_cost(
     # Autocast to float16 on the CPU (where the accountant measures) is slow; its tensors are bf16's sizes.
     measured_as = "bf16-mixed" if precision == "16-mixed" else precision
 
-    def measured(size: int) -> _StepMeasurement:
-        x, y = example_batch(input_shape, num_classes, size, gen, input_dtype)
+    def measured(*sizes: int) -> list[_StepMeasurement]:
+        batches = [example_batch(input_shape, num_classes, size, gen, input_dtype) for size in sizes]
         with torch.random.fork_rng(devices=[]):
-            return _measure_steps(probe, x, y, step, optimizer, weight_decay, region, count_flops, conv_workspace, measured_as)
+            return _measure_steps(probe, batches, step, optimizer, weight_decay, region, count_flops, conv_workspace, measured_as)
 
     # Batches of 2 and 4 (batch norm refuses a single sample on 1x1 feature maps) fix every moment's
     # affine function of the batch size.
-    small, large = measured(2), measured(4)
+    small, large = measured(2, 4)
     trainable = [p for p in model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     element = next(iter(model.parameters())).element_size()
@@ -335,7 +342,7 @@ def measure_training_cost(
             created = max((a + (b - a) * (batch_size - 2) // 2 for a, b in zip(small.timeline, large.timeline)), default=0)
         else:  # the two batch sizes did not allocate alike (a size-dependent kernel path): measure directly
             log.debug("timelines of %d and %d allocations: measuring at batch %d", len(small.timeline), len(large.timeline), batch_size)
-            created = max(measured(batch_size).timeline, default=0)
+            created = max(measured(batch_size)[0].timeline, default=0)
         peak = param_bytes + input_bytes + created
     if conv_workspace:  # at most one convolution runs at a time: its unfolded input comes on top once
         peak += allocation_bytes(max(small.conv_workspace_bytes, large.conv_workspace_bytes), CUDA_ALLOCATION_UNIT)

@@ -14,12 +14,11 @@ before the tracker started (the caller counts those).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 CUDA_ALLOCATION_UNIT = 512
@@ -29,6 +28,20 @@ CUDA_ALLOCATION_UNIT = 512
 def allocation_bytes(nbytes: int, unit: int = 1) -> int:
     """`nbytes` rounded up to the allocator's unit, as the allocator would charge it."""
     return -(-nbytes // unit) * unit if nbytes else 0
+
+
+def _tensors(tree: Any) -> Iterator[Tensor]:
+    """The tensors in an operation's arguments or outputs (nested tuples, lists and dicts), in
+    `torch.utils._pytree.tree_leaves`'s order; a walk of its own, as the tracker runs it for every
+    operation and pytree's general one was a fifth of a measurement's time."""
+    if isinstance(tree, Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
 
 
 class LiveStorageTracker(TorchDispatchMode):
@@ -59,15 +72,14 @@ class LiveStorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         inputs: set[int] | None = None
-        for t in pytree.tree_leaves(out):
-            if not isinstance(t, Tensor) or t.device.type != self.device_type or t.layout != torch.strided:
+        for t in _tensors(out):
+            if t.device.type != self.device_type or t.layout != torch.strided:
                 continue
             storage = t.untyped_storage()
             if id(storage) in self._sizes:
                 continue
             if inputs is None:
-                leaves = pytree.tree_leaves((args, kwargs))
-                inputs = {id(a.untyped_storage()) for a in leaves if isinstance(a, Tensor) and a.layout == torch.strided}
+                inputs = {id(a.untyped_storage()) for a in _tensors((args, kwargs)) if a.layout == torch.strided}
             if id(storage) not in inputs:
                 self._add(storage)
         return out

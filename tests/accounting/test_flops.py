@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hfl.accounting.cost import measure_training_cost
-from hfl.accounting.flops import CPU_ATTENTION, FlopCounterMode, TotalFlopCounterMode
+from hfl.accounting.flops import CPU_ATTENTION, FlopCounterMode, FlopCountingTracker
+from hfl.accounting.memory import LiveStorageTracker
 from hfl.models.gpt import GPT
 
 
@@ -33,14 +34,21 @@ def test_gpt_forward_flops_are_its_linear_layers_and_its_attention():
     assert cost.input_bytes == 4 * (8 * s + 8 * s)  # int64 ids and a target id per position
 
 
-def test_the_total_only_counter_counts_what_torchs_counter_counts():
+def test_the_counting_tracker_counts_and_tracks_what_torchs_counter_inside_the_tracker_does():
+    """One dispatch mode for both (`FlopCountingTracker`): the FLOPs torch's counter counts, and the
+    same timeline as the live-storage tracker with torch's counter entered inside it (whose
+    decompositions the tracker then sees); nothing is counted while `counting` is off."""
     torch.manual_seed(0)
     models = [(GPT(20, dim=12, depth=2, heads=3, context=16), torch.randint(0, 20, (2, 10))),
               (nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)), torch.randn(2, 3, 8, 8))]
     for model, x in models:
-        counts = []
-        for counter in (FlopCounterMode(display=False), TotalFlopCounterMode()):
-            with counter:
-                model(x).sum().backward()
-            counts.append(counter.get_total_flops())
-        assert counts[0] == counts[1] > 0
+        with LiveStorageTracker(record=True) as pair, FlopCounterMode(display=False) as counter:
+            model(x).sum().backward()
+        model.zero_grad(set_to_none=True)  # as before the pair: the backward pass allocates the gradients
+        with FlopCountingTracker() as one:
+            one.counting = True
+            model(x).sum().backward()
+            one.counting = False
+            model(x).sum().backward()
+        assert one.flops == counter.get_total_flops() > 0
+        assert one.timeline[: len(pair.timeline)] == pair.timeline and len(one.timeline) > len(pair.timeline)
