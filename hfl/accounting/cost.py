@@ -35,7 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.flops import FlopCountingTracker
-from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, LiveStorageTracker, allocation_bytes
+from hfl.accounting.memory import (
+    CUDA_ALLOCATION_UNIT,
+    allocation_bytes,
+)
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
 
@@ -176,7 +179,7 @@ def _train_step(
     y: Tensor,
     step: Step,
     opt: torch.optim.Optimizer | None,
-    saving: contextlib.AbstractContextManager = contextlib.nullcontext(),
+    saving: contextlib.AbstractContextManager | None = None,
     counter: FlopCountingTracker | None = None,
     precision: str = "32-true",
 ) -> tuple[int, int]:
@@ -188,7 +191,7 @@ def _train_step(
     if counter is not None:
         counter.counting = True
     start = counter.flops if counter is not None else 0
-    with saving, autocast_for(precision, x.device.type):
+    with saving or contextlib.nullcontext(), autocast_for(precision, x.device.type):
         loss = step(model, x, y)
     after_forward = counter.flops if counter is not None else 0
     if loss.requires_grad:
