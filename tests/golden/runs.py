@@ -1,6 +1,8 @@
-"""The golden runs: every experiment in experiments/ in its reduced digits form, every method on
-digits with PreResNet-20 under `fair` budgets, and the portable runs, two rounds each, and what they
-must reproduce.
+"""The golden runs: every experiment in experiments/ in its reduced digits form for one round, every
+method on digits with PreResNet-20 under `fair` budgets and the portable runs for two rounds each,
+and what they must reproduce. The method runs carry each method's state from one round into the
+next (masks adjusted, windows rolled, tiers tracked); an experiment run adds what its file sets on
+top of its method, which one round exercises at 60 % of two rounds' CPU time.
 
 Runs are deterministic, so a change that should not change numbers is proven by these. What a run
 records is split (tests/golden/compare.py) into *facts* (bytes, FLOPs, estimated peaks, budgets,
@@ -48,7 +50,9 @@ MKL's compatibility code path, each summing in another order than the pinned AVX
 PLATFORMS = Path(__file__).resolve().parent / "fixtures" / "platforms.json"
 REDUCED = ["data.name=digits", "model.name=preresnet20", "fl.clients=8", "fl.fraction=0.5", "fl.rounds=2",
            "fl.batch_size=16", "fl.local_epochs=1"]
-"""The reduced form of an experiment (as tests/test_experiments.py runs ScaleFL's comparison)."""
+"""The reduced form of a method run (as tests/test_experiments.py runs ScaleFL's comparison)."""
+ONE_ROUND = "fl.rounds=1"
+"""What an experiment's reduced form changes of the method runs' (`runs`)."""
 REDUCED_TEXT = ["data.seq_len=8", "data.stride=8", "model.name=gpt", "model.depth=2", "model.width=0.5", "model.pretrained=''",
                 "fl.clients=6", "fl.fraction=0.5", "fl.rounds=2", "fl.batch_size=16", "fl.local_epochs=1"]
 """The reduced form of a text experiment: the Shakespeare fixture corpus (`tests.conftest`, written
@@ -97,13 +101,13 @@ def runs() -> dict[str, tuple[Path, list[str]]]:
         extra = ["method.distill_steps=5"] if "feddf" in path.stem else []
         if is_text_experiment(path):
             extra = ["method.depths=[1,2]"] if path.stem == "caff" else []
-            found[f"experiment__{name}"] = (path, REDUCED_TEXT + extra)
+            found[f"experiment__{name}"] = (path, [*REDUCED_TEXT, *extra, ONE_ROUND])
             continue
         if is_vit_family_experiment(path):
             extra = ["method.depths=[1,2]"] if path.stem == "caff" else []
-            found[f"experiment__{name}"] = (path, REDUCED_VIT + extra)
+            found[f"experiment__{name}"] = (path, [*REDUCED_VIT, *extra, ONE_ROUND])
             continue
-        found[f"experiment__{name}"] = (path, REDUCED + extra)
+        found[f"experiment__{name}"] = (path, [*REDUCED, *extra, ONE_ROUND])
     quickstart = ROOT / "experiments" / "quickstart.yaml"
     for method in METHODS:
         extra = ["data.server_fraction=0.1", "method.distill_steps=5"] if method == "feddf" else []
