@@ -71,7 +71,7 @@ def test_digits_shapes_and_fixed_split(tmp_path) -> None:
 def test_synthetic_is_deterministic_and_follows_spec(tmp_path) -> None:
     spec = SyntheticSpec(num_samples=300, image_size=16, channels=2, num_classes=5, seed=3)
     a = load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=spec, test_fraction=0.2)
-    b = load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=spec, test_fraction=0.2)
+    b = load_dataset("synthetic", str(tmp_path), str(tmp_path / "another cache"), synthetic=spec, test_fraction=0.2)  # made again
     c = load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=SyntheticSpec(300, 16, 2, 5, seed=4))
     check_well_formed(a)
     assert a.train_x.shape == (240, 2, 16, 16) and a.test_x.shape == (60, 2, 16, 16)
@@ -79,6 +79,27 @@ def test_synthetic_is_deterministic_and_follows_spec(tmp_path) -> None:
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
     assert not torch.equal(a.train_x, c.train_x)
     assert a.train_y.bincount().tolist() == [48] * 5
+
+
+def test_synthetic_data_is_cached_per_spec_and_split_and_made_again_by_another_generator(tmp_path, monkeypatch) -> None:
+    from hfl.data import datasets
+
+    spec = SyntheticSpec(num_samples=300, image_size=16, channels=2, num_classes=5, seed=3)
+    made = load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=spec, test_fraction=0.2)
+    assert (tmp_path / "decoded" / "synthetic_300x2x16_5c_seed3.pt").is_file()
+
+    def make_fails(_spec):
+        raise AssertionError("made again")
+
+    monkeypatch.setattr(datasets, "make_synthetic", make_fails)
+    cached = load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=spec, test_fraction=0.2)
+    assert torch.equal(cached.train_x, made.train_x) and torch.equal(cached.test_y, made.test_y)
+    for changed in ({"test_fraction": 0.3}, {"synthetic": SyntheticSpec(300, 16, 2, 5, seed=4)}):
+        with pytest.raises(AssertionError, match="made again"):
+            load_dataset("synthetic", str(tmp_path), str(tmp_path), **{"synthetic": spec, "test_fraction": 0.2, **changed})
+    monkeypatch.setattr(datasets, "generator_digest", lambda: "another generator")
+    with pytest.raises(AssertionError, match="made again"):
+        load_dataset("synthetic", str(tmp_path), str(tmp_path), synthetic=spec, test_fraction=0.2)
 
 
 def test_synthetic_classes_differ_but_overlap(tmp_path) -> None:
