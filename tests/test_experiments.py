@@ -50,7 +50,7 @@ def test_the_reduced_scalefl_comparison_keeps_every_budget(path: Path):
     name = "experiment__" + str(path.relative_to(ROOT / "experiments").with_suffix("")).replace("/", "__")
     records = facts(name)  # budgets and estimated peaks are facts: equal on every machine
     clients = [c for r in records for c in r["clients"]]
-    assert clients and len(records) == 2
+    assert clients and len(records) == 1  # an experiment's golden run is one round (tests/golden/runs.py)
     for c in clients:
         assert c["budget_bytes"] and c["estimated_peak_bytes"] <= c["budget_bytes"], (path.stem, c["id"])
 
