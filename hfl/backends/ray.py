@@ -143,6 +143,32 @@ class HeadWatch:
                 return
             time.sleep(1.0)
 
+    def call(self, ask: Callable[[], Any]) -> Any:
+        """`ask()`, a Ray call that needs the head (`ray.nodes()`, `ray.kill`), once the head
+        answers; a ClusterError once it has not answered for `grace_s`, also while `ask` is under
+        way. The head can die between answering and the call, which then waits for it (Ray ends
+        the process after a minute, with a message of its own): the call runs in a daemon thread of
+        its own, which a process that stops does not wait for."""
+        self.wait()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = ask()
+            except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+                outcome["error"] = error
+
+        asking = threading.Thread(target=run, daemon=True, name="hfl-ray-head-call")
+        asking.start()
+        while asking.is_alive():
+            asking.join(min(1.0, self.grace_s))
+            if asking.is_alive():
+                self.checked = -1.0
+                self.check()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
     @property
     def lost(self) -> bool:
         return self.lost_since is not None and time.monotonic() - self.lost_since >= self.grace_s
@@ -203,8 +229,7 @@ class RayBackend:
     def _alive_nodes(self) -> dict[str, dict[str, float]]:
         """The resources of every node alive now, by node id (after the head answers: `ray.nodes()`
         would block on a head that is gone)."""
-        self.head.wait()
-        return {node["NodeID"]: node["Resources"] for node in ray.nodes() if node.get("Alive")}
+        return {node["NodeID"]: node["Resources"] for node in self.head.call(ray.nodes) if node.get("Alive")}
 
     def _replan(self, nodes: dict[str, dict[str, float]]) -> None:
         """Plan the pools for `nodes` and move to them: a pool whose actors ask for the same keeps
@@ -213,13 +238,13 @@ class RayBackend:
         for name, pool in list(self.pools.items()):
             if name not in plan or plan[name].options != pool.options:
                 for actor in pool.actors + self.booting.pop(name, []):
-                    ray.kill(actor)
+                    self.kill(actor)
                 del self.pools[name]
         for name, pool in plan.items():
             kept = self.pools.setdefault(name, pool)
             kept.size = pool.size
             for actor in kept.actors[kept.size:]:
-                ray.kill(actor)
+                self.kill(actor)
             del kept.actors[kept.size:]
         self.pool_of = [self._pool_name(budget) for budget in self.environment.budgets]
         self.nodes = nodes
@@ -266,7 +291,7 @@ class RayBackend:
         for name, size in sizes.items():
             if size == 0:  # nothing can host it now: one actor, which an autoscaling cluster may yet place
                 log.warning("ray pool %s: no node of the cluster (%s) can host an actor asking for %s now; asking for one "
-                            "and waiting up to backend.actor_start_timeout_s for it", name, ray.cluster_resources(), options[name])
+                            "and waiting up to backend.actor_start_timeout_s for it", name, self.head.call(ray.cluster_resources), options[name])
             pools[name] = Pool(options[name], max(size, 1))
             log.info("ray pool %s: %d actors with %s", name, pools[name].size, options[name])
         return pools
@@ -283,6 +308,10 @@ class RayBackend:
         """Whether a node alive now advertises all that an actor of `pool` asks for (free or not)."""
         wants = {"CPU": pool.options["num_cpus"], "GPU": pool.options.get("num_gpus", 0), **pool.options.get("resources", {})}
         return any(all(node.get(k, 0.0) >= v - 1e-9 for k, v in wants.items() if v > 0) for node in self._alive_nodes().values())
+
+    def kill(self, actor: Any) -> None:
+        """Stop `actor` (Ray's kill asks the head: `HeadWatch.call`)."""
+        self.head.call(lambda: ray.kill(actor))
 
     def _start(self, pool: Pool, count: int) -> list[Any]:
         return [self.remote_actor.options(**pool.options).remote(self.config) for _ in range(count)]
@@ -319,7 +348,7 @@ class RayBackend:
                         continue
                     if problem is not None:
                         for other in [*actors, *pool.actors]:
-                            ray.kill(other)
+                            self.kill(other)
                         raise DataNotFoundError(problem)
                     started.append(actor)
                 # Mid-run, actors no live node can host were meant for a node that went away (before
@@ -331,14 +360,14 @@ class RayBackend:
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             log.warning("waiting for %d of %d client actors (%s) to start; the Ray cluster has %s free",
-                        len(pending), count, pool.options, ray.available_resources())
+                        len(pending), count, pool.options, self.head.call(ray.available_resources))
         if pending:
             for actor in pending.values():
-                ray.kill(actor)
+                self.kill(actor)
             if not started and not pool.actors and not self.started:
                 raise ConfigError("backend.actor_start_timeout_s", limit,
                                   f"time for the Ray cluster to start a client actor asking for {pool.options}, but none started "
-                                  f"(the cluster has {ray.cluster_resources()}): lower {self._what_to_lower(pool)}, or wait "
+                                  f"(the cluster has {self.head.call(ray.cluster_resources)}): lower {self._what_to_lower(pool)}, or wait "
                                   "longer for a cluster that is scaling up")
             log.warning("only %d of %d client actors (%s) started within %gs: the pool goes on with %d",
                         len(started), count, pool.options, limit, len(pool.actors) + len(started))
@@ -428,8 +457,11 @@ class RayBackend:
 
     def close(self) -> None:
         if not self.head.lost:  # ray.kill would wait for a head that is gone
-            for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
-                ray.kill(actor)
+            try:
+                for actor in [a for pool in self.pools.values() for a in pool.actors] + [a for b in self.booting.values() for a in b]:
+                    self.kill(actor)
+            except ClusterError as error:  # the head went while the run was ending: its actors go with the cluster
+                log.warning("ray: %s", error)
         self.pools.clear()
 
 
@@ -530,7 +562,7 @@ class RayRound:
                 pool = self.backend.pools[name]
                 late = start_limit and now - asked > start_limit
                 if late or not self.backend.can_host(pool):  # its node went away before it was placed
-                    ray.kill(actor)
+                    self.backend.kill(actor)
                     del self.starting[ref]
                     pool.actors.remove(actor)
                     self.why[name] = (f"its replacement did not start within backend.actor_start_timeout_s={start_limit:g}s" if late
@@ -539,7 +571,7 @@ class RayRound:
                 for actor, units in list(self.sent.items()):
                     if units and now - self.since[actor] > timeout * len(units[0][1]):
                         name, _ = self.owner[units[0][0]]
-                        ray.kill(actor)
+                        self.backend.kill(actor)
                         self.lose(name, actor, lambda task: RayBackend._lost(task, f"timed out after {timeout:g}s"), "timed out")
                         self.submit(name)
         for name, queue in self.queues.items():  # units whose pool has no live actor left this round

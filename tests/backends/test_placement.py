@@ -115,3 +115,35 @@ def test_clients_with_a_time_budget_alone_run_on_the_shared_pool_without_a_warni
     budgets = [budget("w1", 300), budget(DEADLINE_TIER, None), budget(DEADLINE_TIER, None)]
     pools = planner(BackendConfig(gpu_memory="1GB", tier_strict=True), budgets, started=False)._plan_pools(nodes)
     assert set(pools) == {"w1", SHARED_POOL} and "no live node advertises" not in caplog.text
+
+
+def test_a_ray_call_under_way_when_the_head_dies_stops_the_run_within_the_grace_instead_of_waiting_for_it():
+    """`HeadWatch.call`: the head answered before the call (a socket listens) and dies during it (the
+    socket closes); the call would wait for it (here, until the test lets it go), and the run
+    stops with a ClusterError once the head has not answered for the grace instead. A call that
+    returns, or raises, while the head answers gives its value, or its error."""
+    import socket
+    import threading
+
+    from hfl.backends.base import ClusterError
+    from hfl.backends.ray import HeadWatch
+
+    head = socket.create_server(("127.0.0.1", 0))
+    watch = HeadWatch(f"127.0.0.1:{head.getsockname()[1]}", grace_s=0.5)
+    assert watch.call(lambda: "nodes") == "nodes"
+    with pytest.raises(KeyError):
+        watch.call(lambda: {}["missing"])
+
+    released = threading.Event()
+
+    def blocked_on_a_dead_head():
+        head.close()  # the head dies once the call is under way
+        released.wait(60)  # a call that waits for a head that is gone: let go only once the test is done
+        return "answered late"
+
+    try:
+        with pytest.raises(ClusterError, match="stopped answering for 0.5s"):
+            watch.call(blocked_on_a_dead_head)
+    finally:
+        released.set()
+    assert watch.lost
