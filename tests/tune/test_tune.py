@@ -35,6 +35,10 @@ TINY = {
     "backend": {"device": "cpu"},
 }
 SPACE = {"fl.lr": {"grid": [0.02, 0.1]}, "data.alpha": {"grid": [0.3, 1.0]}}
+ONE_TRIAL_AT_A_TIME = {"max_concurrent_trials": 1}
+"""For the sweeps whose tests need no two trials at once (the PBT tests run them as the cluster
+allows): one trial actor, reused trial after trial, instead of one per CPU, each of which imports
+torch and hfl (~4 CPU-seconds of the suite's 2-core budget)."""
 
 
 def write_sweep(folder: Path, space: dict = SPACE, **sweep) -> Path:
@@ -251,7 +255,7 @@ def ray_address():
 @pytest.fixture(scope="module")
 def finished(ray_address, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sweep")
-    return run_tune(str(write_sweep(folder)), out=str(folder / "out"))
+    return run_tune(str(write_sweep(folder, **ONE_TRIAL_AT_A_TIME)), out=str(folder / "out"))
 
 
 @pytest.mark.slow
@@ -310,7 +314,7 @@ def test_interrupted_sweep_on_a_uri_resumes_from_it_and_leaves_every_file_there(
     """A Ctrl-C'd sweep resumes to the numbers of an uninterrupted one. On a file:// URI, which Tune
     reads and writes through the same pyarrow file system as a local folder, so this stands for a
     local sweep too (the local round-ahead run folder: the deterministic race test above)."""
-    sweep, remote = write_sweep(tmp_path), tmp_path / "bucket" / "sweep"
+    sweep, remote = write_sweep(tmp_path, **ONE_TRIAL_AT_A_TIME), tmp_path / "bucket" / "sweep"
     uri = f"file://{remote}"
 
     def held_and_uploaded():
@@ -489,7 +493,7 @@ def test_a_sweep_by_time_to_accuracy_ranks_a_trial_that_never_reaches_it_last(ra
 
     # lr 0.1 with 3 epochs learns digits within 3 rounds (0.79 here), 1e-6 stays at chance: it never reaches 0.5
     path = write_sweep(tmp_path, {"fl.lr": {"grid": [1e-6, 0.1]}}, overrides=[*TIMED, "fl.rounds=3", "fl.local_epochs=3"],
-                       metric="time_to_accuracy:0.5")
+                       metric="time_to_accuracy:0.5", **ONE_TRIAL_AT_A_TIME)
     out = tmp_path / "out"
     outcome = run_tune(str(path), out=str(out))
     rows = {r["fl.lr"]: r for r in outcome.results}
@@ -737,7 +741,8 @@ def test_asha_minimising_loss_ranks_trials_that_break_budgets_last_and_each_tria
 
     space = {"method.name": {"grid": ["heterofl", "fedavg"]}, "fl.lr": {"grid": [0.03, 0.1]}}
     path = write_sweep(tmp_path, space, overrides=["budgets.scenario=fair", "fl.rounds=3", "logging.wandb=true"],
-                       metric="loss", within_budget=True, scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2})
+                       metric="loss", within_budget=True, scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2},
+                       **ONE_TRIAL_AT_A_TIME)
     out = tmp_path / "out"
     outcome = run_tune(str(path), out=str(out))
 
@@ -782,7 +787,7 @@ def test_optuna_searches_learning_rate_and_tier_shares(ray_address, tmp_path):
     pytest.importorskip("optuna")
     space = {"fl.lr": {"loguniform": [0.01, 0.3]}, "budgets.shares": {"dirichlet": [2, 2]}}
     path = write_sweep(tmp_path, space, overrides=[*TWO_TIERS[:-1], "fl.rounds=2"], num_samples=3, search="optuna",
-                       metric="mean_submodel_accuracy")
+                       metric="mean_submodel_accuracy", **ONE_TRIAL_AT_A_TIME)
     from ray.tune import ResultGrid
 
     grid = hfl.tune(str(path), out=str(tmp_path / "out"))  # from Python: Ray Tune's ResultGrid
