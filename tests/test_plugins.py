@@ -88,7 +88,7 @@ def test_ray_workers_import_the_plugins(project, tmp_path):
     """FedAvg, a built-in method, on the plug-in's model and dataset: its workers learn of stripes and
     one_conv only from `plugins` (a plug-in method's class would bring its module along when pickled)."""
     local = hfl_run(project, tmp_path / "local", "method={name: fedavg}")
-    remote = hfl_run(project, tmp_path / "ray", "method={name: fedavg}", "backend.name=ray")
+    remote = hfl_run(project, tmp_path / "ray", "method={name: fedavg}", "backend.name=ray", "backend.actors_per_pool=1")  # one imports as well as two
     assert local.returncode == 0 and remote.returncode == 0, remote.stderr[-3000:]
     assert per_round(tmp_path / "ray") == per_round(tmp_path / "local")
     clients = [c for r in read_metrics(tmp_path / "ray") for c in r["clients"]]
