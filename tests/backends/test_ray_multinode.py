@@ -2,7 +2,7 @@
 README's single-head form is the same submission to a smaller cluster, so it has no cluster of its own).
 
 The head has 1 CPU and runs the driver; worker `small` has 1 CPU and `hfl_tier_small: 1`; worker
-`large` has 2 CPUs, 2 (declared) GPUs and `hfl_tier_large: 2`. Custom resources and GPUs are only
+`large` has 1 CPU, 1 (declared) GPU and `hfl_tier_large: 1`. Custom resources and GPUs are only
 declarations to Ray's scheduler, so the placement hfl asks for is tested for real without GPUs. The
 `small` worker runs in its own mount namespace in which the folder holding the data is empty: a
 node without the data.
@@ -44,7 +44,7 @@ def cluster(tmp_path_factory):
     try:
         cluster.start("head", "--num-cpus=1")
         cluster.start("small", "--num-cpus=1", '--resources={"hfl_tier_small": 1}', wrapper=hide if can_hide_folders() else ())
-        cluster.start("large", "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}')
+        cluster.start("large", "--num-cpus=1", "--num-gpus=1", '--resources={"hfl_tier_large": 1}')
         alive = cluster.alive()
         tiers = {k[len("hfl_tier_"):]: n["node_id"] for n in alive for k in n["resources_total"] if k.startswith("hfl_tier_")}
         yield cluster.address, cluster.env, tiers, hidden
@@ -87,7 +87,7 @@ def test_tiers_run_on_their_nodes_gpu_tiers_get_gpus_and_results_outlive_the_job
     assert large and small
     assert all(0 < c["ray_resources"]["GPU"] <= 1 and c["ray_gpu_ids"] for c in large)  # Ray assigned them GPUs
     assert all("GPU" not in c["ray_resources"] and not c["ray_gpu_ids"] for c in small)
-    # The large tier's pool was sized by its node (2 actors), not by the cluster's 4 CPUs: none of
+    # The large tier's pool was sized by its node (1 actor), not by the cluster's 3 CPUs: none of
     # its actors waited for room, so round 1 did not wait out backend.actor_start_timeout_s.
     assert records[0]["wall_seconds"] < 120
     assert len({c["ray_node"] for c in clients}) == 2

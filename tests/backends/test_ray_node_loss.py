@@ -1,7 +1,7 @@
 """A run on a loopback Ray cluster that loses what clusters lose (issue 46): a worker node of each
 tier in the middle of a round, then the head's GCS. The cluster is built as in
-test_ray_multinode.py (head 1 CPU; `small`: 1 CPU + `hfl_tier_small`; `large`: 2 CPUs, 2 declared
-GPUs + `hfl_tier_large: 2`), once for the module: the tests run in order and each leaves the
+test_ray_multinode.py (head 1 CPU; `small`: 1 CPU + `hfl_tier_small`; `large`: 1 CPU, 1 declared
+GPU + `hfl_tier_large: 1`), once for the module: the tests run in order and each leaves the
 cluster as the next expects it.
 
 The driver is `hfl run` joining the cluster (RAY_ADDRESS), as a user on the head runs it. A round is
@@ -42,7 +42,7 @@ def cluster():
     try:
         cluster.start("head", "--num-cpus=1")
         cluster.start("small", "--num-cpus=1", '--resources={"hfl_tier_small": 1}')
-        cluster.start("large", "--num-cpus=2", "--num-gpus=2", '--resources={"hfl_tier_large": 2}')
+        cluster.start("large", "--num-cpus=1", "--num-gpus=1", '--resources={"hfl_tier_large": 1}')
         yield cluster
     finally:
         cluster.stop()
