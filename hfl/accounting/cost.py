@@ -17,8 +17,8 @@ token at every position for a language model (`input_dtype` int64).
 
 Every tensor a step creates is either independent of the batch size or proportional to it, so the
 live total at each moment of the step is affine in the batch: steady steps run at batch sizes 2
-and 4 (after one first step) and the timeline is extrapolated moment by moment, which gives the peak at any batch size exactly
-(checked against a direct run in the tests) and cheaply. The optimiser is the multi-tensor
+and 4 (after one first step) and the timeline is extrapolated moment by moment, which gives the
+peak at any batch size exactly (checked against a direct run in the tests) and cheaply. The optimiser is the multi-tensor
 (`foreach`) implementation clients use (`hfl.client.client_optimizer`).
 """
 
@@ -35,10 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hfl.accounting.flops import FlopCountingTracker
-from hfl.accounting.memory import (
-    CUDA_ALLOCATION_UNIT,
-    allocation_bytes,
-)
+from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
 
@@ -186,23 +183,26 @@ def _train_step(
     """One training step as a client runs it (zero_grad, forward under `saving` and `precision`'s
     autocast, backward, optimiser step); with `counter` (entered), the forward and backward FLOPs it
     counts during those two."""
+    def counted() -> int:
+        return counter.flops if counter is not None else 0
+
     if opt is not None:
         opt.zero_grad(set_to_none=True)
+    start = counted()
     if counter is not None:
         counter.counting = True
-    start = counter.flops if counter is not None else 0
     with saving or contextlib.nullcontext(), autocast_for(precision, x.device.type):
         loss = step(model, x, y)
-    after_forward = counter.flops if counter is not None else 0
+    forward = counted() - start
     if loss.requires_grad:
         loss.backward()
+    backward = counted() - start - forward
     if counter is not None:
         counter.counting = False
-    after_backward = counter.flops if counter is not None else 0
     del loss
     if opt is not None:
         opt.step()
-    return after_forward - start, after_backward - after_forward
+    return forward, backward
 
 
 def _measure_steps(
@@ -224,11 +224,7 @@ def _measure_steps(
     every batch size), so one first step serves all the batches."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = probe_optimizer(trainable, optimizer, weight_decay) if trainable else None
-    meter = [SavedTensorMeter(exclude=[])]  # the steady step's
     hooks = []
-    if record_only is not None:  # count only what this module saves (e.g. one block of a depth-wise method)
-        hooks.append(record_only.register_forward_pre_hook(lambda *_: setattr(meter[0], "recording", True)))
-        hooks.append(record_only.register_forward_hook(lambda *_: setattr(meter[0], "recording", False)))
     workspace = [0]
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)] if conv_workspace else []
     for conv in convs:
@@ -243,19 +239,25 @@ def _measure_steps(
             held = [p.grad for p in trainable if p.grad is not None]
             if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
                 held += [t for state in opt.state.values() for k, t in state.items() if isinstance(t, Tensor) and k != "step"]
-            meter[0] = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
-            meter[0].recording = record_only is None
+            meter = SavedTensorMeter(exclude=[*model.parameters(), *model.buffers(), x])
+            recording_hooks = []
+            if record_only is not None:  # count only what this module saves (e.g. one block of a depth-wise method)
+                meter.recording = False
+                recording_hooks = [record_only.register_forward_pre_hook(lambda *_, meter=meter: setattr(meter, "recording", True)),
+                          record_only.register_forward_hook(lambda *_, meter=meter: setattr(meter, "recording", False))]
             tracker = FlopCountingTracker(x.device.type)
             workspace[0] = 0
             try:
                 with tracker:
                     tracker.hold(held)
                     del held
-                    saving = torch.autograd.graph.saved_tensors_hooks(meter[0].pack, meter[0].unpack)
+                    saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
                     forward, backward = _train_step(model, x, y, step, opt, saving, tracker if count_flops else None, precision)
             finally:
                 tracker.stop()
-            measured.append(_StepMeasurement(tracker.timeline, meter[0].bytes, forward, backward, workspace[0]))
+                for hook in recording_hooks:
+                    hook.remove()
+            measured.append(_StepMeasurement(tracker.timeline, meter.bytes, forward, backward, workspace[0]))
     finally:
         for hook in hooks:
             hook.remove()

@@ -1,7 +1,7 @@
 """Training costs shared by the processes of one session through a folder: `HFL_COST_STORE`.
 
-Measuring what training one model shape costs runs four training steps under dispatch modes
-(`hfl.accounting.cost`): 0.1-0.5 s of a CPU core. A process measures each shape once
+Measuring what training one model shape costs runs three training steps, two under a dispatch mode
+(`hfl.accounting.cost`): 0.06-0.3 s of a CPU core. A process measures each shape once
 (`hfl.accounting.accountant`), but every process measures again what the others did: each Ray actor
 what its driver planned with, each run of a comparison started in parallel, each worker of a test
 suite (a quarter of hfl's own suite's CPU time was measuring, a third of it repeated). With the
