@@ -12,9 +12,9 @@ from tests.conftest import small_config
 
 @pytest.mark.slow
 def test_fedavg_learns_digits(tmp_path):
-    fl = {"rounds": 8, "clients": 10, "fraction": 1.0, "local_epochs": 3, "batch_size": 16, "lr": 0.1}
+    fl = {"rounds": 5, "clients": 10, "fraction": 1.0, "local_epochs": 3, "batch_size": 16, "lr": 0.1}
     summary = run_experiment(small_config(fl=fl), tmp_path)
-    assert summary["final_accuracy"] > 0.9
+    assert summary["final_accuracy"] > 0.9  # 0.964 on the recording machine (0.942 after 4 rounds, 0.978 after 8)
 
 
 def test_fedprox_with_mu_zero_is_fedavg(tmp_path):
