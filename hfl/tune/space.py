@@ -140,14 +140,25 @@ class Domain:
         lo, hi = (float(v) for v in self.values)
         return {self.path: tune.uniform(lo, hi) if self.kind == "uniform" else tune.loguniform(lo, hi)}
 
-    def mutations(self) -> dict[str, Any]:
-        """What PBT may perturb this path to: numeric grid/choice values, ranges, a dirichlet's draws.
-        Other values (a method name, a partition) stay fixed: a trial cannot switch them midway."""
-        from ray import tune
-
+    @property
+    def perturbable(self) -> bool:
+        """Whether PBT may perturb this path: numeric grid/choice values (more than one), ranges, a
+        dirichlet's draws. Other values (a method name, a partition) stay fixed: a trial cannot switch
+        them midway. Asked without Ray Tune, which loading a sweep does not import."""
         if self.kind in ("grid", "choice"):
             numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
-            return {self.path: list(self.values)} if numeric and len(self.values) > 1 else {}
+            return numeric and len(self.values) > 1
+        return True
+
+    def mutations(self) -> dict[str, Any]:
+        """What PBT may perturb this path to (`perturbable` paths only): the grid's or choice's values,
+        Tune's domains otherwise."""
+        from ray import tune
+
+        if not self.perturbable:
+            return {}
+        if self.kind in ("grid", "choice"):
+            return {self.path: list(self.values)}
         if self.kind in SHARE_DOMAINS:
             return {key: tune.uniform(SHARE_BOUND, 1 - SHARE_BOUND) for key in self.tune_keys}
         return self.to_tune()
@@ -355,7 +366,7 @@ def _check_search(search: str, scheduler: SchedulerSpec, space: dict[str, Domain
         check(importlib.util.find_spec("optuna") is not None, "search", search,
               'random or grid here: optuna is not installed (pip install -e ".[optuna]")')
     if scheduler.name == "pbt":
-        check(any(domain.mutations() for domain in space.values()), "scheduler", scheduler.name,
+        check(any(domain.perturbable for domain in space.values()), "scheduler", scheduler.name,
               "pbt with a numeric space path to perturb (a range, a dirichlet, or a grid/choice of numbers)")
         every = int(base["fl"]["checkpoint_every"])
         # PBT copies a trial's latest hfl checkpoint: one must be written at every perturbation.
