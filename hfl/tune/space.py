@@ -153,12 +153,12 @@ class Domain:
     def mutations(self) -> dict[str, Any]:
         """What PBT may perturb this path to (`perturbable` paths only): the grid's or choice's values,
         Tune's domains otherwise."""
-        from ray import tune
-
         if not self.perturbable:
             return {}
         if self.kind in ("grid", "choice"):
             return {self.path: list(self.values)}
+        from ray import tune
+
         if self.kind in SHARE_DOMAINS:
             return {key: tune.uniform(SHARE_BOUND, 1 - SHARE_BOUND) for key in self.tune_keys}
         return self.to_tune()
