@@ -8,7 +8,8 @@ client (IID shards), 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4,
    convolutions unfold one image at a time): client-rounds per second and the GPU's mean
    utilisation (NVML) over the steady rounds.
 2. `concurrency`: 16 clients per round with n = 1, 2, 4, 8, 16 clients at once (`--sizes`), batch 32,
-   for each of `--methods` (those whose clients train together: FedAvg, FedProx, DepthFL, HeteroFL), by
+   for each of `--methods` (those whose clients train together: FedAvg, FedProx, DepthFL, HeteroFL,
+   FeDepth; `method:scenario` gives it budgets, e.g. `heterofl:fair`, whose clients of one width train together), by
    - `batched`: LocalBackend with `backend.batch_clients=n` (one vectorised model, torch.func);
    - `ray`: RayBackend with n actors, each reserving 1/n of the GPU (`backend.num_gpus_per_client`);
    each against one-at-a-time LocalBackend on the same rounds (speedup), with the largest difference
@@ -17,7 +18,7 @@ client (IID shards), 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4,
 Steady rounds are rounds 2..R-1 (round 1 starts actors and caches, round R evaluates).
 
     python benchmarks/gpu_clients.py [--data cifar10_jpeg] [--device cuda] [--rounds 5] [--ray] [--json out.json]
-        [--methods fedavg,fedprox,heterofl] [--sizes 1,8,16]
+        [--methods fedavg,fedprox,heterofl:fair] [--sizes 1,8,16]
 
 `--data synthetic` runs on generated CIFAR-shaped images (nothing to download).
 """
@@ -43,9 +44,6 @@ from hfl.server import run_experiment
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-SAMPLES_PER_CLIENT = 500
-
 
 class Utilisation:
     """Samples the GPU's utilisation (NVML, percent) every 20 ms in a thread, with timestamps."""
@@ -89,12 +87,14 @@ class RoundClock:
         pass
 
 
-def config(data: str, device: str, clients: int, per_round: int, batch: int, rounds: int, backend: dict[str, Any], method: str = "fedavg"):
+def config(data: str, device: str, clients: int, per_round: int, batch: int, rounds: int, backend: dict[str, Any], method: str = "fedavg",
+           scenario: str = "none"):
     return config_from_dict({
         "name": "gpu-clients",
         "data": {"name": data, "partition": "iid"},
         "model": {"name": "preresnet20"},
         "method": {"name": method},
+        "budgets": {"scenario": scenario},
         "fl": {"rounds": rounds, "clients": clients, "fraction": per_round / clients, "local_epochs": 1, "batch_size": batch,
                "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "eval_every": rounds},
         "backend": {"device": device, **backend},
@@ -129,9 +129,10 @@ def main() -> None:
     parser.add_argument("--data", default="cifar10_jpeg")
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--clients", type=int, default=20, help="clients the training set is split over (500 samples each fit 10,000 images)")
+    parser.add_argument("--clients", type=int, default=100, help="clients the training set is split over (CIFAR-10's 50,000 images: 500 each)")
     parser.add_argument("--ray", action="store_true", help="also run the Ray actors (needs Ray)")
-    parser.add_argument("--methods", default="fedavg", help="comma-separated methods for the concurrency part (e.g. fedavg,fedprox,heterofl)")
+    parser.add_argument("--methods", default="fedavg", help="comma-separated methods for the concurrency part, each with an optional "
+                        "budget scenario (e.g. fedavg,fedprox,heterofl:fair)")
     parser.add_argument("--sizes", default="1,2,4,8,16", help="comma-separated numbers of clients at once")
     parser.add_argument("--skip-setting", action="store_true")
     parser.add_argument("--skip-batched", action="store_true", help="with --ray: only the Ray actors against one at a time")
@@ -156,20 +157,23 @@ def main() -> None:
 
     results["sequential"] = {}
     modes = [*([] if args.skip_batched else ["batched"]), *(["ray"] if args.ray else [])]
-    for method in args.methods.split(","):
-        sequential = run(config(args.data, args.device, args.clients, min(16, args.clients), 32, args.rounds, {}, method), args.device)
+    for label in args.methods.split(","):
+        method, _, scenario = label.partition(":")
+        sequential = run(config(args.data, args.device, args.clients, min(16, args.clients), 32, args.rounds, {}, method, scenario or "none"),
+                         args.device)
         base = sequential["client_rounds_per_s"]
-        results["sequential"][method] = {k: v for k, v in sequential.items() if k != "state"}
-        log(f"{method} one at a time: {base:.2f} client-rounds/s, utilisation {sequential['gpu_utilisation']}")
+        results["sequential"][label] = {k: v for k, v in sequential.items() if k != "state"}
+        log(f"{label} one at a time: {base:.2f} client-rounds/s, utilisation {sequential['gpu_utilisation']}")
         for mode in modes:
             for n in (int(size) for size in args.sizes.split(",")):
                 backend = ({"batch_clients": n} if mode == "batched"
                            else {"name": "ray", "actors_per_pool": n, "num_gpus_per_client": 1 / n if args.device == "cuda" else 0})
-                found = run(config(args.data, args.device, args.clients, min(16, args.clients), 32, args.rounds, backend, method), args.device)
+                found = run(config(args.data, args.device, args.clients, min(16, args.clients), 32, args.rounds, backend, method, scenario or "none"),
+                            args.device)
                 found["max_weight_difference"] = difference(found.pop("state"), sequential["state"])
                 found["speedup"] = found["client_rounds_per_s"] / base
-                results["concurrency"].append({"method": method, "mode": mode, "clients_at_once": n, **found})
-                log(f"{method} {mode} n={n}: {found['client_rounds_per_s']:.2f} client-rounds/s ({found['speedup']:.2f}x), utilisation "
+                results["concurrency"].append({"method": label, "mode": mode, "clients_at_once": n, **found})
+                log(f"{label} {mode} n={n}: {found['client_rounds_per_s']:.2f} client-rounds/s ({found['speedup']:.2f}x), utilisation "
                     f"{found['gpu_utilisation']}, max weight difference {found['max_weight_difference']:.3g}, failed {found['failed']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
