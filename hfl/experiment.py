@@ -167,12 +167,17 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> Iterator[None
     plans whose workspace fits (PyTorch tries the next plan when a workspace allocation fails).
 
     The budget covers the client model's weights, as the estimate and the measurement do. The
-    allocator caps the memory it reserves from the device, and reserved memory can exceed what is
-    allocated (small tensors share 2 MiB blocks), so the cap starts from what the process has
-    allocated, not reserved: the reserved slack would be headroom outside the budget (with it, on an
-    H200, FeDepth's 1/6 tier measured 51.0 MiB under a 40.4 MiB budget). The cache is emptied
-    first, so that free cached segments do not count against the cap. The cap is lifted afterwards,
-    for the server's evaluation and the next client's set-up."""
+    allocator holds its cap against the memory it has reserved, which exceeds what is allocated by
+    its fragmentation (free parts of partly used 2 MiB pages: 25-41 MiB at the peak for FeDepth's
+    clients at batch 128 on an H200, `benchmarks/gpu_memory_cap.py`). So the cap starts from what
+    the process has reserved: started from what it had allocated, it failed every one of 30 FeDepth
+    client-rounds whose tensors fit their budgets, and 13-17 of 30 with 16 MiB more. The price is
+    that a client may fill free parts of pages the process already held, so its measured (allocated)
+    peak can exceed its budget: FeDepth's clients measured up to 1.26x their budgets in float32 and
+    1.47x in bf16, above their estimates by what cuDNN's workspace takes without budgets too
+    (benchmarks/RESULTS.md, fifth lease). The cache is emptied first, so
+    that free cached segments do not count against the cap. The cap is lifted afterwards, for the
+    server's evaluation and the next client's set-up."""
     budget = task.ctx.budget.memory_bytes if task.ctx.budget else None
     if env.device.type != "cuda" or budget is None:
         yield
@@ -183,7 +188,7 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> Iterator[None
     model.zero_grad(set_to_none=True)  # a failed client's gradients must not count as held
     torch.cuda.empty_cache()
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    held = torch.cuda.memory_allocated(device) - weights
+    held = torch.cuda.memory_reserved(device) - weights
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, max(held + budget, 1) / total), device)
     try:

@@ -41,13 +41,14 @@ def task_with(budget_bytes):
     return SimpleNamespace(ctx=SimpleNamespace(budget=budget), spec=None)
 
 
-def test_cap_is_what_the_process_has_allocated_besides_the_model_plus_the_budget_and_is_lifted_after(fake_cuda):
-    # From the allocated memory, not the reserved: the reserved slack (here 10 MiB) is no part of the budget.
+def test_cap_is_what_the_process_has_reserved_besides_the_model_plus_the_budget_and_is_lifted_after(fake_cuda):
+    # From the reserved memory, not the allocated: the allocator holds the cap against what it reserves, and
+    # its fragmentation (here 10 MiB) would otherwise come out of the budget (on an H200 it failed every FeDepth client).
     model = nn.Linear(1024, 1024, bias=False)  # 4 MiB of weights, part of the client's budget
     model.weight.grad = torch.ones_like(model.weight)  # a failed client's leftover: not held
     with cap_client_memory(env_with(model), task_with(50 * MiB)):
         assert fake_cuda[0] == "emptied"
-        assert fake_cuda[1] == pytest.approx((300 - 4 + 50) / (80 * 1024))
+        assert fake_cuda[1] == pytest.approx((310 - 4 + 50) / (80 * 1024))
         assert model.weight.grad is None
     assert fake_cuda[2:] == [1.0]  # the server's evaluation and the next client's set-up run uncapped
     with pytest.raises(RuntimeError), cap_client_memory(env_with(model), task_with(50 * MiB)):
