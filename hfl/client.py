@@ -32,6 +32,7 @@ from torch.func import functional_call, vmap
 from hfl.accounting.cost import autocast_for, tensor_bytes
 from hfl.data import BatchTransform
 from hfl.methods.base import Method
+from hfl.optim import ClientOptimizer
 from hfl.pruning.nsconv import load_masks
 from hfl.submodel.spec import SubmodelSpec, hold_rows, uploaded_keys
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
@@ -70,13 +71,11 @@ class ClientBatches:
             yield (x if self.transform is None else self.transform(x, train=True, generator=self.generator)), self.y[idx]
 
 
-def client_optimizer(params: list[Tensor], settings: TrainSettings) -> torch.optim.Optimizer:
-    """The client's optimiser, in the multi-tensor (`foreach`) implementation on every device: the
-    one CUDA picks by default and the accounting measures (on the CPU torch would loop over
-    tensors, with the same results and smaller temporaries)."""
-    if settings.optimizer == "adam":
-        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
-    return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True)
+def client_optimizer(params: list[Tensor], settings: TrainSettings) -> ClientOptimizer:
+    """The client's optimiser (`fl.optimizer`), in the multi-tensor (`foreach`) implementation on
+    every device: the one CUDA picks by default and the accounting measures (on the CPU torch would
+    loop over tensors, with the same results and smaller temporaries)."""
+    return ClientOptimizer(params, settings.optimizer, settings.lr, settings.momentum, settings.weight_decay)
 
 
 class _Objective(nn.Module):
@@ -144,7 +143,7 @@ class Precision:
     def backward(self, loss: Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, settings: TrainSettings, agc_parameters: Iterable[Tensor] = ()) -> None:
+    def step(self, optimizer: ClientOptimizer, settings: TrainSettings, agc_parameters: Iterable[Tensor] = ()) -> None:
         """The optimiser step: gradients unscaled (16-mixed), those of `agc_parameters` clipped
         unit-wise (`fl.agc`), clipped (`fl.gradient_clip_val`) over the optimiser's parameters as
         Lightning's precision plugin clips them, then stepped."""
@@ -240,7 +239,7 @@ class ClientModule(nn.Module):
                     if key in params:
                         params[key].mul_(mask)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> ClientOptimizer:
         params = [p for model in (self.model, *self.peers) for p in model.parameters() if p.requires_grad]
         self.optimizer = client_optimizer(params, self.task.ctx.train)
         return self.optimizer

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from hfl.client import ClientBatches, ClientModule, adaptively_clipped, clip_adaptively, client_extras, finish_client, load_client
 from hfl.methods.base import Method
+from hfl.optim import ClientOptimizer
 from hfl.registry import import_class
 from hfl.types import ClientTask, ClientUpdate, StateDict, TrainSettings
 
@@ -38,13 +39,13 @@ class ClientLightningModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self.client.training_step(batch, batch_idx)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> ClientOptimizer:
         return self.client.configure_optimizers()
 
     def on_train_batch_end(self, *args: object) -> None:
         self.client.on_train_batch_end(*args)
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+    def configure_gradient_clipping(self, optimizer: ClientOptimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """`fl.agc` first (on unscaled gradients: the precision plugin unscales before this hook), then
         the Trainer's own clipping, in the fast driver's order."""

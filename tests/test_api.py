@@ -103,10 +103,13 @@ def test_an_unfinished_run_has_no_summary_and_a_folder_without_a_run_is_refused(
 
 @pytest.mark.slow
 def test_the_readme_example_runs_in_a_fresh_python(tmp_path):
+    """... and its run (training, accounting, evaluation) never imports torch._dynamo, 1.5 CPU-seconds a
+    process (`hfl.optim`): torch.optim's optimisers or an unmarked dispatch mode would."""
     code = code_blocks(ROOT / "docs" / "python_api.md", "# Python API", "python")[0]
     (tmp_path / "experiments").mkdir()
     shutil.copy(QUICKSTART, tmp_path / "experiments")
-    result = fresh_python(code, tmp_path)
+    result = fresh_python(code + "\nimport sys\nprint('torch._dynamo' in sys.modules, file=sys.stderr)\n", tmp_path)
+    assert result.stderr.splitlines()[-1] == "False"
     out = tmp_path / "runs" / "notebook"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2 and "alpha: 0.3" in (out / "config.yaml").read_text()

@@ -8,6 +8,7 @@ from torch import nn
 from hfl.backends.base import ClientEnvironment
 from hfl.client import Precision
 from hfl.errors import ConfigError
+from hfl.optim import ClientOptimizer
 from hfl.server import train_settings
 from hfl.types import RoundContext, TrainSettings
 from tests.conftest import small_config
@@ -50,7 +51,7 @@ def test_float16_on_the_cpu_is_refused_naming_the_field():
 
 
 def scaled_step(precision: Precision, model: nn.Module, x: torch.Tensor, scale_loss: float = 1.0) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = ClientOptimizer(model.parameters(), "sgd", lr=0.1)
     with precision.autocast():
         loss = nn.functional.cross_entropy(model(x), torch.arange(len(x)) % 2) * scale_loss
     precision.backward(loss)

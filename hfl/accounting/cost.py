@@ -38,6 +38,7 @@ from hfl.accounting.flops import FlopCountingTracker
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
 from hfl.models.base import ScalableModel
+from hfl.optim import ClientOptimizer
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +130,12 @@ class SavedTensorMeter:
         return t
 
 
-def probe_optimizer(params: list[nn.Parameter], optimizer: str, weight_decay: float) -> torch.optim.Optimizer:
-    """The optimiser a client of this kind builds, in the implementation clients use (`foreach`,
-    whose temporaries span all parameters at once). Its learning rate is irrelevant to memory."""
+def probe_optimizer(params: list[nn.Parameter], optimizer: str, weight_decay: float) -> ClientOptimizer:
+    """The optimiser a client of this kind builds, the one clients use (`foreach`, whose temporaries
+    span all parameters at once). Its learning rate is irrelevant to memory."""
     if optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-3, weight_decay=weight_decay, foreach=True)
-    momentum = 0.9 if optimizer == "sgd_momentum" else 0.0
-    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, weight_decay=weight_decay, foreach=True)
+        return ClientOptimizer(params, "adam", lr=1e-3, weight_decay=weight_decay)
+    return ClientOptimizer(params, "sgd", lr=1e-3, momentum=0.9 if optimizer == "sgd_momentum" else 0.0, weight_decay=weight_decay)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def _train_step(
     x: Tensor,
     y: Tensor,
     step: Step,
-    opt: torch.optim.Optimizer | None,
+    opt: ClientOptimizer | None,
     saving: contextlib.AbstractContextManager | None = None,
     counter: FlopCountingTracker | None = None,
     precision: str = "32-true",

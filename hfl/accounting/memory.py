@@ -69,6 +69,13 @@ class LiveStorageTracker(TorchDispatchMode):
         self._sizes: dict[int, int] = {}
         self._on_change = on_change
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: leave `__torch_dispatch__` unwrapped (TorchDispatchMode wraps it in
+        `torch._disable_dynamo` otherwise, whose first call imports torch._dynamo: 1.5 CPU-seconds a
+        process, as much as `import torch`). Nothing is compiled inside these modes."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         inputs: set[int] | None = None

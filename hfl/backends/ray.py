@@ -23,7 +23,6 @@ head that stops answering stops the run within `backend.head_grace_s` with a `Cl
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import socket
@@ -192,10 +191,6 @@ class RayBackend:
     def __init__(self, environment: ClientEnvironment) -> None:
         self.environment = environment
         self.config = config = environment.config
-        # The first optimiser step and the first evaluation import torch._dynamo (about a second on
-        # 2 cores): a thread does it while this one waits for Ray to start, instead of in round 1.
-        warm = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True)
-        warm.start()
         if not ray.is_initialized():
             # Joins the cluster in RAY_ADDRESS (set by `ray job submit`) or one started on this
             # machine by `ray start`; with neither, starts a local one.
@@ -223,7 +218,6 @@ class RayBackend:
         clients = {name: self.pool_of.count(name) for name in self.pools}
         self.booting = {name: self._start(self.pools[name], min(self.pools[name].size, clients[name]))
                         for name in sorted(self.pools, key=lambda n: n == SHARED_POOL)}
-        warm.join()
 
     # -- pools --------------------------------------------------------------------------------
     def _alive_nodes(self) -> dict[str, dict[str, float]]:

@@ -23,6 +23,7 @@ from hfl.accounting.amounts import ClientBudget
 from hfl.accounting.cost import TrainingCost, tensor_bytes
 from hfl.errors import check, check_choice
 from hfl.models.base import ScalableModel
+from hfl.optim import ClientOptimizer
 from hfl.submodel.aggregate import masked_weighted_mean
 from hfl.submodel.ladder import Ladder, Level
 from hfl.methods.vectorisable import vectorisable
@@ -120,7 +121,7 @@ class Client(Protocol):
     """The labels present in the client's data."""
     initial: Mapping[str, Tensor]
     """The trainable weights the client started the round with."""
-    optimizer: torch.optim.Optimizer
+    optimizer: ClientOptimizer
     """The running stage's optimiser; it steps right after the objective's loss is backpropagated."""
     masks: Mapping[str, Tensor]
     """The element masks enforced after every optimiser step, on the model's device."""

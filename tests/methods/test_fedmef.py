@@ -12,6 +12,7 @@ from hfl.client import ClientBatches, train_client
 from hfl.errors import ConfigError
 from hfl.evaluation import Evaluator
 from hfl.methods.fedtiny import Adjustment
+from hfl.optim import ClientOptimizer
 from hfl.pruning.nsconv import NSConv2d
 from hfl.registry import METHODS
 from hfl.server import initial_state, train_settings
@@ -43,7 +44,7 @@ def test_surrogate_term_is_lambda_times_the_smallest_kept_weights_squared():
     task = adjustment_task(method, 4, TrainSettings(0.1, 0.0, 0.0, 1, 4))
     model = method.client_model(task.spec)
     model.load_state_dict(method.initial_global_state())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = ClientOptimizer(model.parameters(), "sgd", lr=0.1)
     x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     client = type("Client", (), {"model": model, "task": task, "steps": 0, "optimizer": optimizer})()
     terms = method.objective(client, x, y)
@@ -62,7 +63,7 @@ def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch, ba
     lr, initial_lr = 0.001, 0.5
     settings = TrainSettings(lr, 0.0, 0.0, 1, 4, "sgd", initial_lr)
     used, norms = [], []
-    step = torch.optim.SGD.step
+    step = ClientOptimizer.step
 
     def recording_step(self, *args, **kwargs):
         used.append(self.param_groups[0]["lr"])
@@ -76,7 +77,7 @@ def test_each_step_of_an_adjustment_round_uses_the_budgeted_rate(monkeypatch, ba
         return terms
 
     assert method.relu_masks is False  # measured now: the accountant's own optimiser steps are not the client's
-    monkeypatch.setattr(torch.optim.SGD, "step", recording_step)
+    monkeypatch.setattr(ClientOptimizer, "step", recording_step)
     monkeypatch.setattr(type(method), "objective", recording_objective)
     x, y = torch.randn(12, 1, 8, 8), torch.arange(12) % 10
     for round_ in (2, 1):
