@@ -61,7 +61,7 @@ if [ "$TABLE2" -gt 0 ]; then
     HFL_PARALLEL=7 HFL_RUN_LIMIT=$TABLE2 experiments/fedepth_table2/compare.sh "$OUT/table2" backend.device=cuda backend.threads=1 \
         > "$OUT/table2.log" 2>&1 &
 fi
-step memory_cap 110 "$PY" benchmarks/gpu_memory_cap.py --rules allocated+0,reserved --json "$OUT/memory_cap.json"
+step memory_cap 110 "$PY" benchmarks/gpu_memory_cap.py --rules reserved,pool --json "$OUT/memory_cap.json"
 step budgets_speed 100 "$PY" benchmarks/gpu_budgets.py --only speed --json "$OUT/budgets_speed.json"
 step clients 130 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --skip-setting \
     --methods fedavg,fedprox,heterofl:fair,fedepth:fair --sizes 8,16 --json "$OUT/clients.json"

@@ -10,13 +10,16 @@ runs FeDepth under `fair` budgets at batch 128 (the paper's; CIFAR-10, PreResNet
 - `allocated+S`: the cap is what the process had allocated before the client (less its model's
   weights) plus the budget plus S MiB (S = 0 was hfl's rule between the fourth and fifth GPU leases);
 - `reserved`: the cap is what the process had reserved before the client (less its model's weights)
-  plus the budget (hfl's rule since the fifth lease, and in the fourth lease's third call).
+  plus the budget (hfl's rule since the fifth lease, and in the fourth lease's third call);
+- `pool`: as `reserved`, with the client's allocations in a private `torch.cuda.MemPool`, so that
+  they cannot fill free parts of pages the process already held (the fifth lease's over-budget
+  clients); whether that fails clients through the pool's own fragmentation is what it measures.
 
 For each rule it reports the client-rounds that failed (CUDA out of memory), those whose measured
 peak exceeds the budget, and the largest growth of reserved memory over allocated (the
 fragmentation the cap had to hold).
 
-    python benchmarks/gpu_memory_cap.py [--data cifar10_jpeg] [--rules allocated+0,allocated+8,reserved] [--json out.json]
+    python benchmarks/gpu_memory_cap.py [--data cifar10_jpeg] [--rules allocated+0,allocated+8,reserved,pool] [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ def patch_cap(rule: str, growth: list[dict[str, int]]) -> None:
         limit = start + budget + int(slack or 0) * MiB
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        private = torch.cuda.use_mem_pool(torch.cuda.MemPool()) if base == "pool" else contextlib.nullcontext()
         try:
-            yield
+            with private:
+                yield
         finally:
             growth.append({"budget": budget, "reserved_before": reserved, "allocated_before": allocated,
                            "max_reserved": torch.cuda.max_memory_reserved(device), "max_allocated": torch.cuda.max_memory_allocated(device)})
@@ -96,7 +101,7 @@ def child(rule: str, values: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="cifar10_jpeg")
-    parser.add_argument("--rules", default="allocated+0,allocated+8,allocated+16,reserved")
+    parser.add_argument("--rules", default="reserved,pool")
     parser.add_argument("--json", default="")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
