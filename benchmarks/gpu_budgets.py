@@ -2,7 +2,7 @@
 
 Work: FeDepth's client setting (Zhang et al., AAAI 2024): CIFAR-10, PreResNet-20, 100 clients of 500
 images (IID shards), 10 per round, 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4.
-Every run is a fresh process (cuDNN reads its workspace cap once per process), on the local backend.
+Every run is a fresh process (its CUDA allocator, cuDNN plans and caches start clean), on the local backend.
 
 1. `speed`: FedAvg at batch 32 and 128, client-rounds per second over the steady rounds, for
    - `unbudgeted`: no budgets, `backend.cudnn=on` (cuDNN as PyTorch sets it up: the fastest reference);
