@@ -73,8 +73,9 @@ class ClientOptimizer:
         buffers = [self.state[p].get("momentum_buffer") for p in params] if momentum != 0 else []
         sgd(params, [p.grad for p in params], buffers, weight_decay=group["weight_decay"], momentum=momentum, lr=group["lr"],
             dampening=0.0, nesterov=False, maximize=False, has_sparse_grad=False, foreach=True, fused=None)
-        for p, buffer in zip(params, buffers, strict=False):  # the kernel creates the first step's buffers in the list
-            self.state[p]["momentum_buffer"] = buffer
+        if momentum != 0:
+            for p, buffer in zip(params, buffers, strict=True):  # the kernel creates the first step's buffers in the list
+                self.state[p]["momentum_buffer"] = buffer
 
     def _adam(self, group: dict[str, Any], params: list[Tensor]) -> None:
         for p in params:
