@@ -458,7 +458,9 @@ class BackendConfig:
     actor_start_timeout_s: float = 300.0
     """ray: how long a pool waits for its client actors to start (a cluster may be scaling up). Past
     it the pool goes on with the actors that started, and the run stops with an error naming what
-    they asked for if none did (more CPUs per client than the cluster has). 0 waits forever."""
+    they asked for if none did and no node can host one (more CPUs per client than the cluster has);
+    before the first round, while a node can host one, it waits for the first to finish booting,
+    however slow the machine. 0 waits forever."""
     gpu_memory: str = ""
     """ray: memory of one GPU of the cluster (e.g. 80GB), for num_gpus = budget / GPU memory; needed
     where the driver has no GPU (a CPU head) and budgets are set; default: the driver's GPU's memory

@@ -314,8 +314,11 @@ class RayBackend:
         """Wait until started `actors` are built, so start-up never counts against a client's
         timeout, and return those that are. Actors the cluster cannot place (more CPUs asked than it
         has, more actors than fit) would wait forever: past `backend.actor_start_timeout_s` the pool
-        goes on with those that started. Before the first round, the run then stops with a
-        ConfigError if none did; later (a node went away), the pool's clients fail for the round. An
+        goes on with those that started. Before the first round, while none of the pool has started
+        and a live node can host one, they are booting, not waiting for room (on a loaded machine,
+        importing torch takes minutes), and the limit waits for the first; the run stops with a
+        ConfigError if none started and no node can host one; later (a node went away), the pool's
+        clients fail for the round. An
         actor that died (its node did) is left out. An actor that cannot build the experiment (no
         data on its node) stops the run with that actor's one-line reason. Returns the started actors
         and how many died."""
@@ -326,10 +329,16 @@ class RayBackend:
         died = 0
         limit = self.config.backend.actor_start_timeout_s
         deadline = time.monotonic() + limit if limit else None
+
+        def past_deadline() -> bool:
+            if deadline is None or time.monotonic() < deadline:
+                return False
+            return bool(started or pool.actors or self.started) or not self.can_host(pool)
+
         while pending:
-            wait = START_REPORT_S if deadline is None else max(0.0, min(START_REPORT_S, deadline - time.monotonic()))
-            report = time.monotonic() + wait
-            while pending and time.monotonic() < report:
+            left = START_REPORT_S if deadline is None else deadline - time.monotonic()
+            report = time.monotonic() + (START_REPORT_S if left <= 0 else min(START_REPORT_S, left))
+            while pending and time.monotonic() < report and not (started and past_deadline()):
                 self.head.check()
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=min(1.0, max(0.0, report - time.monotonic())))
                 for ref in ready:
@@ -351,7 +360,7 @@ class RayBackend:
                     log.warning("ray pool %s: no live node can host an actor asking for %s now", name, pool.options)
                     deadline = time.monotonic()
                     break
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
+            if not pending or past_deadline():
                 break
             log.warning("waiting for %d of %d client actors (%s) to start; the Ray cluster has %s free",
                         len(pending), count, pool.options, self.head.call(ray.available_resources))

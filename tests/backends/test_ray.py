@@ -68,9 +68,12 @@ def test_actors_the_cluster_cannot_place_stop_the_run_with_a_config_error(tmp_pa
 
 
 def test_a_pool_larger_than_the_cluster_goes_on_with_the_actors_that_started(tmp_path):
+    """The limit is shorter than any actor's boot (importing torch), on any machine however loaded: the
+    pool waits for its first actor, since a node can host one, then goes on without those with no room.
+    (A 30 s limit failed this test on a loaded 2-core machine: no actor had booted by then.)"""
     config = small_config(fl={"rounds": 2, "clients": 6, "fraction": 1.0},
-                          backend={"name": "ray", "device": "cpu", "actors_per_pool": 6, "actor_start_timeout_s": 30})
-    summary = run_experiment(config, tmp_path)  # 2 CPUs hold 2 of the 6 actors
+                          backend={"name": "ray", "device": "cpu", "actors_per_pool": 6, "actor_start_timeout_s": 0.5})
+    summary = run_experiment(config, tmp_path)  # 2 CPUs hold at most 2 of the 6 actors
     assert summary["failed_client_rounds"] == 0
     assert [len(r["clients"]) for r in read_metrics(tmp_path)] == [6, 6]
 
