@@ -175,9 +175,9 @@ def cap_client_memory(env: ClientEnvironment, task: ClientTask) -> Iterator[None
     that a client may fill free parts of pages the process already held, so its measured (allocated)
     peak can exceed its budget: FeDepth's clients measured up to 1.26x their budgets in float32 and
     1.47x in bf16, above their estimates by what cuDNN's workspace takes without budgets too
-    (benchmarks/RESULTS.md, fifth lease). The cache is emptied first, so
-    that free cached segments do not count against the cap. The cap is lifted afterwards, for the
-    server's evaluation and the next client's set-up."""
+    (benchmarks/RESULTS.md, fifth lease). The cache is emptied first, so that free cached segments
+    do not count against the cap. The cap is lifted afterwards, for the server's evaluation and the
+    next client's set-up."""
     budget = task.ctx.budget.memory_bytes if task.ctx.budget else None
     if env.device.type != "cuda" or budget is None:
         yield

@@ -318,10 +318,9 @@ class RayBackend:
         and a live node can host one, they are booting, not waiting for room (on a loaded machine,
         importing torch takes minutes), and the limit waits for the first; the run stops with a
         ConfigError if none started and no node can host one; later (a node went away), the pool's
-        clients fail for the round. An
-        actor that died (its node did) is left out. An actor that cannot build the experiment (no
-        data on its node) stops the run with that actor's one-line reason. Returns the started actors
-        and how many died."""
+        clients fail for the round. An actor that died (its node did) is left out. An actor that
+        cannot build the experiment (no data on its node) stops the run with that actor's one-line
+        reason. Returns the started actors and how many died."""
         pool = self.pools[name]
         count = len(actors)
         pending = {actor.ready.remote(): actor for actor in actors}
