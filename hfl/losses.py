@@ -17,7 +17,14 @@ def kl_distillation(student: Tensor, teacher: Tensor, temperature: float = 1.0, 
     teacher = teacher.detach() if detach_teacher else teacher
     log_student = F.log_softmax(student / temperature, dim=1)
     log_teacher = F.log_softmax(teacher / temperature, dim=1)
-    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2 / _positions(student)
+    return _batchmean_kl(log_student, log_teacher) * temperature**2 / _positions(student)
+
+
+def _batchmean_kl(log_student: Tensor, log_teacher: Tensor) -> Tensor:
+    """`F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True)` written out as
+    the ops torch decomposes it into (the same floats, forward and backward): `torch.func.vmap` has
+    no batching rule for `aten::kl_div` and would loop over the clients trained together."""
+    return (log_teacher.exp() * (log_teacher - log_student)).sum() / log_student.shape[0]
 
 
 def _positions(logits: Tensor) -> int:
@@ -37,7 +44,7 @@ def mutual_distillation(logits: list[Tensor], temperature: float = 1.0) -> Tenso
     for i, student in enumerate(log_probs):
         for j, teacher in enumerate(log_probs):
             if i != j:
-                total = total + F.kl_div(student, teacher.detach(), reduction="batchmean", log_target=True)
+                total = total + _batchmean_kl(student, teacher.detach())
     return total * temperature**2 / (n - 1) / _positions(logits[0])
 
 

@@ -11,6 +11,7 @@ import torch
 from hfl.backends.base import ClientEnvironment
 from hfl.client import trains_together
 from hfl.config import config_from_dict
+from hfl.methods.scalefl import held_exits
 from hfl.server import initial_state, run_experiment, train_settings
 from hfl.types import RoundContext
 from tests.conftest import small_config
@@ -48,8 +49,10 @@ HALF_WIDTH_TWO_LABELS = {"budgets": {"scenario": "tiers", "memory": ["width:1/2"
 @pytest.mark.parametrize(("method", "sections"), [({"name": "fedavg"}, {}), ({"name": "fedprox", "mu": 0.5}, {}), ({"name": "depthfl"}, {}),
                                                   ({"name": "heterofl", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
                                                   ({"name": "fedrolex", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
-                                                  ({"name": "fedepth"}, {"budgets": {"scenario": "fair"}})],
-                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex", "fedepth"])
+                                                  ({"name": "fedepth"}, {"budgets": {"scenario": "fair"}}),
+                                                  ({"name": "scalefl", "distill_after": 0.0}, {"budgets": {"scenario": "fair"}}),
+                                                  ({"name": "nefl"}, {"budgets": {"scenario": "fair"}})],
+                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex", "fedepth", "scalefl", "nefl"])
 def test_training_together_is_training_one_by_one(float64, method, sections):
     # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
     # the same batches, the same steps, the same optimiser arithmetic for every client; FedProx's
@@ -67,6 +70,9 @@ def test_training_together_is_training_one_by_one(float64, method, sections):
     assert len(tasks) >= 2
     if method["name"] == "fedepth":
         assert len(tasks[0].stages) > 2 and tasks[0].ctx.budget.tier != "w1"
+    if method["name"] == "scalefl":  # the scaler, and two exits or more: the self-distillation term is on
+        split, blocks = env.method.splits[tasks[0].options.level - 1], env.method.blocks
+        assert tasks[0].options.rate < 1 and len(held_exits(env.method.exit_blocks, split.depth, blocks)) + (split.depth == blocks) >= 2
     if sections is HALF_WIDTH_TWO_LABELS:
         assert tasks[0].level == "x0.5" and tasks[0].present_classes_only
         assert len({tuple(env.labels_of(t.ctx.client_id).tolist()) for t in tasks}) > 1
@@ -81,11 +87,13 @@ def test_training_together_is_training_one_by_one(float64, method, sections):
         for key in a.state:
             assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-12), key
         assert b.metrics["measured_peak_bytes"] is None and b.metrics["estimated_peak_bytes"] == a.metrics["estimated_peak_bytes"]
-    assert not torch.equal(together[0].state["head.fc.weight"], together[1].state["head.fc.weight"])
+    classifier = next(k for k in env.method.model.classifier_keys() if k in together[0].state)  # a cut model: its deepest exit
+    assert not torch.equal(together[0].state[classifier], together[1].state[classifier])
 
 
 def test_only_objectives_marked_vectorisable_train_together():
-    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", True), ("fjord", False)]:
+    for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", True), ("scalefl", True), ("nefl", True), ("fjord", False),
+                           ("splitmix", False)]:
         env, _, tasks = environment_and_tasks(clients=1, method={"name": name}, model={"name": "preresnet20"})
         assert trains_together(env.method, tasks[0]) is expected, name
 

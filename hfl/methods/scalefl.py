@@ -49,6 +49,7 @@ from hfl.errors import ConfigError, check, check_choice
 from hfl.losses import SCALEFL_LOSSES, self_distillation_loss
 from hfl.methods.base import Client, Method, MethodConfig, Resources
 from hfl.methods.heterofl import scaling
+from hfl.methods.vectorisable import vectorisable
 from hfl.models.base import ScalableModel, scaled_channels
 from hfl.models.exits import EXIT_KINDS, add_exits
 from hfl.registry import METHODS
@@ -199,6 +200,7 @@ class ScaleFL(Method):
         return spec if split.depth == self.blocks else truncate(spec, self.model, split.depth)
 
     # -- the client loss and the table --------------------------------------------------------
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         with scaling(client.model, self.config.scaler, client.task.options.rate):
             outputs = client.model.forward_exits(x)
