@@ -450,8 +450,8 @@ class BackendConfig:
     """local and ray: train up to this many clients of the same sub-model shape at once, as one
     vectorised model (torch.func.vmap); 1 trains one after the other. Faster for small models on a
     GPU and on the CPU alike. Only for methods whose objective is marked vectorisable (FedAvg,
-    FedAvg x r, FedProx, DepthFL, HeteroFL, FedRolex, ScaleFL, NeFL, FeDepth stage by stage: clients of
-    one layout of block groups); others run one by one. Equal to sequential
+    FedAvg x r, FedProx, DepthFL, HeteroFL, FedRolex, ScaleFL, NeFL, SplitMix, FeDepth stage by stage:
+    clients of one layout of block groups); others run one by one. Equal to sequential
     training up to float rounding (see docs/performance.md)."""
     client_timeout_s: float = 0.0
     """ray: a client-round running longer is stopped and recorded as failed; 0 waits forever."""

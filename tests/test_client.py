@@ -51,8 +51,9 @@ HALF_WIDTH_TWO_LABELS = {"budgets": {"scenario": "tiers", "memory": ["width:1/2"
                                                   ({"name": "fedrolex", "masked_ce": True}, HALF_WIDTH_TWO_LABELS),
                                                   ({"name": "fedepth"}, {"budgets": {"scenario": "fair"}}),
                                                   ({"name": "scalefl", "distill_after": 0.0}, {"budgets": {"scenario": "fair"}}),
-                                                  ({"name": "nefl"}, {"budgets": {"scenario": "fair"}})],
-                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex", "fedepth", "scalefl", "nefl"])
+                                                  ({"name": "nefl"}, {"budgets": {"scenario": "fair"}}),
+                                                  ({"name": "splitmix"}, {"budgets": {"scenario": "fair"}})],
+                         ids=["fedavg", "fedprox", "depthfl", "heterofl", "fedrolex", "fedepth", "scalefl", "nefl", "splitmix"])
 def test_training_together_is_training_one_by_one(float64, method, sections):
     # In float64 the only difference, the order in which batched kernels sum, vanishes below 1e-12:
     # the same batches, the same steps, the same optimiser arithmetic for every client; FedProx's
@@ -73,6 +74,8 @@ def test_training_together_is_training_one_by_one(float64, method, sections):
     if method["name"] == "scalefl":  # the scaler, and two exits or more: the self-distillation term is on
         split, blocks = env.method.splits[tasks[0].options.level - 1], env.method.blocks
         assert tasks[0].options.rate < 1 and len(held_exits(env.method.exit_blocks, split.depth, blocks)) + (split.depth == blocks) >= 2
+    if method["name"] == "splitmix":  # two bases or more, each with batch norm's running statistics
+        assert len(tasks[0].spec.places) >= 2 and any(k.endswith("running_mean") for k in state)
     if sections is HALF_WIDTH_TWO_LABELS:
         assert tasks[0].level == "x0.5" and tasks[0].present_classes_only
         assert len({tuple(env.labels_of(t.ctx.client_id).tolist()) for t in tasks}) > 1
@@ -87,13 +90,13 @@ def test_training_together_is_training_one_by_one(float64, method, sections):
         for key in a.state:
             assert torch.allclose(a.state[key], b.state[key], rtol=0, atol=1e-12), key
         assert b.metrics["measured_peak_bytes"] is None and b.metrics["estimated_peak_bytes"] == a.metrics["estimated_peak_bytes"]
-    classifier = next(k for k in env.method.model.classifier_keys() if k in together[0].state)  # a cut model: its deepest exit
-    assert not torch.equal(together[0].state[classifier], together[1].state[classifier])
+    classifiers = [k for k in together[0].state if k.endswith("fc.weight")]  # the head, an exit's, each base's
+    assert classifiers and not any(torch.equal(together[0].state[k], together[1].state[k]) for k in classifiers)
 
 
 def test_only_objectives_marked_vectorisable_train_together():
     for name, expected in [("fedavg", True), ("fedprox", True), ("depthfl", True), ("heterofl", True), ("fedepth", True), ("scalefl", True), ("nefl", True), ("fjord", False),
-                           ("splitmix", False)]:
+                           ("splitmix", True)]:
         env, _, tasks = environment_and_tasks(clients=1, method={"name": name}, model={"name": "preresnet20"})
         assert trains_together(env.method, tasks[0]) is expected, name
 

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from hfl.accounting.cost import TrainingCost
 from hfl.errors import check
 from hfl.methods.base import Client, Method, MethodConfig, Resources
+from hfl.methods.vectorisable import vectorisable
 from hfl.models.ensemble import BaseEnsemble
 from hfl.registry import METHODS
 from hfl.seeding import BASE_ORDER_STREAM, derive_seed
@@ -164,5 +165,6 @@ class SplitMix(Method):
         bases = tuple(sorted([first, *(int(b) for b in rest)]))
         return self.spec_for(bases), BasesOptions(bases)
 
+    @vectorisable
     def objective(self, client: Client, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         return {"loss": ensemble_loss(client.model, x, y)}
