@@ -7,8 +7,8 @@
 #   2. FeDepth's fair run at batch 128 under each rule for the cap: failed clients and measured peaks
 #      against budgets (benchmarks/gpu_memory_cap.py);
 #   3. budgeted against unbudgeted clients per second, and bf16 against float32 (gpu_budgets.py --only speed);
-#   4. clients per second with 8 and 16 clients trained together: FedAvg, FedProx, and HeteroFL and FeDepth
-#      under fair budgets
+#   4. clients per second with 8 and 16 clients trained together: FedAvg, FedProx, DepthFL (its distillation
+#      batched since the sixth session), and HeteroFL, FeDepth and SplitMix under fair budgets
 #      (benchmarks/gpu_clients.py);
 #   5. hfl's LocalBackend against a plain PyTorch loop;
 #   6. with --table2 SECONDS: FeDepth's Table 2 cell at the paper's scale, all seven methods at once,
@@ -21,7 +21,7 @@
 #   PYTHONPATH=. benchmarks/gpu_checks.sh OUT [--table2 SECONDS]
 #
 # CIFAR-10 is read from $HFL_DATA/cifar10_jpeg (the JPEG zip, see docs/data.md). The limits add up to
-# about 540 s, under the device tool's 10-minute limit per command; the device tool brings back at
+# about 570 s, under the device tool's 10-minute limit per command; the device tool brings back at
 # most 8 files, so pack OUT into one archive after the script.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_checks.sh OUT [--table2 SECONDS]}
@@ -63,8 +63,8 @@ if [ "$TABLE2" -gt 0 ]; then
 fi
 step memory_cap 110 "$PY" benchmarks/gpu_memory_cap.py --rules reserved,pool --json "$OUT/memory_cap.json"
 step budgets_speed 100 "$PY" benchmarks/gpu_budgets.py --only speed --json "$OUT/budgets_speed.json"
-step clients 130 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --skip-setting \
-    --methods fedavg,fedprox,heterofl:fair,fedepth:fair --sizes 8,16 --json "$OUT/clients.json"
+step clients 160 "$PY" benchmarks/gpu_clients.py --data cifar10_jpeg --device cuda --rounds 4 --skip-setting \
+    --methods fedavg,fedprox,depthfl,heterofl:fair,fedepth:fair,splitmix:fair --sizes 8,16 --json "$OUT/clients.json"
 step throughput 45 "$PY" benchmarks/throughput.py --device cuda --repeats 3 --rounds 10 --trainers fast
 wait
 

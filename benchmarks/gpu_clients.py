@@ -9,7 +9,7 @@ client (IID shards), 1 local epoch, SGD lr 0.1, momentum 0.9, weight decay 5e-4,
    utilisation (NVML) over the steady rounds.
 2. `concurrency`: 16 clients per round with n = 1, 2, 4, 8, 16 clients at once (`--sizes`), batch 32,
    for each of `--methods` (those whose clients train together: FedAvg, FedProx, DepthFL, HeteroFL,
-   FeDepth; `method:scenario` gives it budgets, e.g. `heterofl:fair`, whose clients of one width train together), by
+   FedRolex, ScaleFL, NeFL, SplitMix, FeDepth; `method:scenario` gives it budgets, e.g. `heterofl:fair`, whose clients of one width train together), by
    - `batched`: LocalBackend with `backend.batch_clients=n` (one vectorised model, torch.func);
    - `ray`: RayBackend with n actors, each reserving 1/n of the GPU (`backend.num_gpus_per_client`);
    each against one-at-a-time LocalBackend on the same rounds (speedup), with the largest difference
