@@ -470,6 +470,7 @@ def accountant_for(config: ExperimentConfig, data: ImageDataset | TokenDataset) 
         conv_workspace=clients_train_on_cuda(config) and not uses_cudnn(config),
         cuda_headroom=cuda_headroom_bytes(config),
         precision=config.fl.precision,
+        autocast_lists="cuda" if clients_train_on_cuda(config) else None,
         shared_as=CostScopes(plain=repr(plain), method=repr((plain, modelled))),
     )
 

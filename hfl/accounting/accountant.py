@@ -69,6 +69,9 @@ class Accountant:
     """Bytes a budgeted client on CUDA keeps beyond its tensors, added to every peak (`backend.cuda_headroom_mib`)."""
     precision: str = "32-true"
     """The clients' `fl.precision`: training is measured under its autocast."""
+    autocast_lists: str | None = None
+    """"cuda" where clients train on CUDA: the measurement's autocast casts as CUDA's does (its lists
+    differ from the CPU's); None: as the measuring device's."""
     shared_as: CostScopes | None = None
     """Share costs with every accountant of this process with equal scopes; None: this one's own."""
     _cache: dict[Hashable, TrainingCost] = field(default_factory=dict)
@@ -90,6 +93,7 @@ class Accountant:
             model, self.input_shape, self.num_classes, batch_size, self.optimizer, step=step,
             record_only=record_only, count_flops=count_flops, weight_decay=self.weight_decay, input_dtype=self.input_dtype,
             conv_workspace=self.conv_workspace, headroom=self.cuda_headroom, in_place=in_place, precision=self.precision,
+            autocast_lists=self.autocast_lists,
         )
 
     def zero_inputs(self, size: int) -> Tensor:
@@ -131,7 +135,7 @@ class Accountant:
             store = self._cache
         else:
             shared = (getattr(self.shared_as, scope), self.input_shape, self.num_classes, self.optimizer, self.weight_decay, self.input_dtype,
-                      self.conv_workspace, self.cuda_headroom, self.precision)
+                      self.conv_workspace, self.cuda_headroom, self.precision, self.autocast_lists)
             store, full_key = _shared_costs, (*shared, *full_key)
         if full_key not in store:
             if store is _shared_costs and len(store) >= SHARED_COSTS_KEPT:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hfl.accounting.cuda_autocast import cuda_autocast_on_cpu
 from hfl.accounting.flops import FlopCountingTracker
 from hfl.accounting.memory import CUDA_ALLOCATION_UNIT, allocation_bytes
 from hfl.accounting.storage import sparse_bytes
@@ -163,11 +164,17 @@ def conv_workspace_bytes(conv: nn.Conv2d, output: Tensor) -> int:
     return (channels // groups) * kh * kw * positions * output.element_size()
 
 
-def autocast_for(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+def autocast_for(precision: str, device_type: str, lists: str | None = None) -> contextlib.AbstractContextManager:
     """The forward pass's autocast under `precision` (`fl.precision`) on `device_type`, as Lightning's
-    MixedPrecision plugin enters it around a training step; 32-true: none."""
+    MixedPrecision plugin enters it around a training step; 32-true: none. `lists` "cuda" on the CPU:
+    CUDA's per-op casts instead of the CPU's (`cuda_autocast_on_cpu`, for measuring a client that
+    trains on CUDA); None: `device_type`'s own."""
     dtype = AUTOCAST_DTYPES.get(precision)
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    if dtype is None:
+        return contextlib.nullcontext()
+    if lists == "cuda" and device_type == "cpu":
+        return cuda_autocast_on_cpu(dtype)
+    return torch.autocast(device_type, dtype=dtype)
 
 
 def _train_step(
@@ -179,10 +186,11 @@ def _train_step(
     saving: contextlib.AbstractContextManager | None = None,
     counter: FlopCountingTracker | None = None,
     precision: str = "32-true",
+    autocast_lists: str | None = None,
 ) -> tuple[int, int]:
     """One training step as a client runs it (zero_grad, forward under `saving` and `precision`'s
-    autocast, backward, optimiser step); with `counter` (entered), the forward and backward FLOPs it
-    counts during those two."""
+    autocast with `autocast_lists`' casts, backward, optimiser step); with `counter` (entered), the
+    forward and backward FLOPs it counts during those two."""
     def counted() -> int:
         return counter.flops if counter is not None else 0
 
@@ -191,7 +199,7 @@ def _train_step(
     start = counted()
     if counter is not None:
         counter.counting = True
-    with saving or contextlib.nullcontext(), autocast_for(precision, x.device.type):
+    with saving or contextlib.nullcontext(), autocast_for(precision, x.device.type, autocast_lists):
         loss = step(model, x, y)
     forward = counted() - start
     if loss.requires_grad:
@@ -215,6 +223,7 @@ def _measure_steps(
     count_flops: bool,
     conv_workspace: bool,
     precision: str,
+    autocast_lists: str | None = None,
 ) -> list[_StepMeasurement]:
     """A first training step of `model` on the first of `batches`, then one steady step on each
     (the optimiser's state exists), each under the live-storage tracker, which starts from the
@@ -234,7 +243,7 @@ def _measure_steps(
     try:
         # The first step creates the optimiser's state. It runs untracked (the dispatch mode is most
         # of a measurement's time), and the steady step's count starts from what it left alive.
-        _train_step(model, *batches[0], step, opt, precision=precision)
+        _train_step(model, *batches[0], step, opt, precision=precision, autocast_lists=autocast_lists)
         for x, y in batches:
             held = [p.grad for p in trainable if p.grad is not None]
             if opt is not None:  # Adam's step counts: scalars it keeps on the CPU (not capturable), made outside any op
@@ -252,7 +261,8 @@ def _measure_steps(
                     tracker.hold(held)
                     del held
                     saving = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack)
-                    forward, backward = _train_step(model, x, y, step, opt, saving, tracker if count_flops else None, precision)
+                    forward, backward = _train_step(model, x, y, step, opt, saving, tracker if count_flops else None, precision,
+                                                    autocast_lists)
             finally:
                 tracker.stop()
                 for hook in recording_hooks:
@@ -300,6 +310,7 @@ def measure_training_cost(
     in_place: bool = False,
     precision: str = "32-true",
     headroom: int = 0,
+    autocast_lists: str | None = None,
 ) -> TrainingCost:
     """Measure training `model` (its `requires_grad` flags say what is trainable) on batches of
     `batch_size` inputs of `input_shape` (C, H, W; or the sequence, for token ids of `input_dtype`
@@ -314,7 +325,9 @@ def measure_training_cost(
     copying a PreResNet-20 makes measuring it about 10 % faster). `precision` (`fl.precision`) runs
     the forward pass under its autocast, as clients do: the activations saved in bfloat16 are what
     mixed precision saves. 16-mixed is measured as bf16-mixed (the same element sizes and autocast
-    lists; its gradient scaler adds one scalar)."""
+    lists; its gradient scaler adds one scalar). `autocast_lists` "cuda": with CUDA's per-op casts
+    (for clients that train on CUDA; CUDA runs norms, softmax and reductions in float32 where the
+    CPU uses the lower precision); None: the measuring device's."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_COPIES)}, got {optimizer!r}")
     probe = (model if in_place else copy.deepcopy(model)).train()
@@ -326,7 +339,8 @@ def measure_training_cost(
     def measured(*sizes: int) -> list[_StepMeasurement]:
         batches = [example_batch(input_shape, num_classes, size, gen, input_dtype) for size in sizes]
         with torch.random.fork_rng(devices=[]):
-            return _measure_steps(probe, batches, step, optimizer, weight_decay, region, count_flops, conv_workspace, measured_as)
+            return _measure_steps(probe, batches, step, optimizer, weight_decay, region, count_flops, conv_workspace, measured_as,
+                                  autocast_lists)
 
     # Batches of 2 and 4 (batch norm refuses a single sample on 1x1 feature maps) fix every moment's
     # affine function of the batch size.
