@@ -3,7 +3,8 @@
 #   1. the tests marked gpu: FeDepth's clients under fair and lack budgets, each under the allocator's
 #      cap of its budget with cuDNN (float32 and bf16): none fails, and the measured peaks against the
 #      budgets (two float32 cases are expected failures: the fifth lease measured 1.174x); the estimates within 5 % of torch.cuda.max_memory_allocated; batched clients equal to
-#      one-by-one training in float64, each reporting its share of the group's peak;
+#      one-by-one training in float64, each reporting its share of the group's peak; augmenting a batch
+#      without synchronising with the GPU;
 #   2. FeDepth's fair run at batch 128 under each rule for the cap: failed clients and measured peaks
 #      against budgets (benchmarks/gpu_memory_cap.py);
 #   3. budgeted against unbudgeted clients per second, and bf16 against float32 (gpu_budgets.py --only speed);
@@ -53,7 +54,7 @@ load_dataset('cifar10_jpeg', default_data_root(), default_cache_dir())" > "$OUT/
 decode=$!
 step tests_budgets 75 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/methods/test_fedepth.py
 step tests 80 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/accounting/test_client_metrics.py tests/test_cuda_allocator.py \
-    tests/test_client.py tests/test_precision.py
+    tests/test_client.py tests/test_precision.py tests/data/test_transforms.py
 wait $decode || failed+=("decode")
 
 if [ "$TABLE2" -gt 0 ]; then

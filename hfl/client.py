@@ -64,7 +64,7 @@ class ClientBatches:
         return (len(self.indices) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        order = self.indices[torch.randperm(len(self.indices), generator=self.generator)].to(self.x.device)
+        order = self.indices[torch.randperm(len(self.indices), generator=self.generator)].to(self.x.device, non_blocking=True)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             x = self.x[idx]

@@ -53,8 +53,11 @@ class BatchTransform:
         if train and self.augment != "none":
             n = x.shape[0]
             offsets = torch.randint(0, 2 * self.padding + 1, (n, 2), generator=generator)
-            flips = torch.randint(0, 2, (n,), generator=generator).bool()
-            x = self.crop_flip(x, offsets[:, 0].to(x.device), offsets[:, 1].to(x.device), flips.to(x.device))
+            flips = torch.randint(0, 2, (n, 1), generator=generator)
+            # One copy, without waiting: a blocking copy to a GPU waits for all the work queued on it,
+            # every batch, so the host could never run ahead of the GPU (the draws are made by then).
+            draws = torch.cat([offsets, flips], dim=1).to(x.device, non_blocking=True)
+            x = self.crop_flip(x, draws[:, 0], draws[:, 1], draws[:, 2].bool())
         return self.normalize(x)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,16 @@ def test_crop_flip_keeps_shape_and_is_deterministic_given_a_generator() -> None:
     assert not torch.equal(a, t(x, train=False)), "64 samples are not all left in place"
 
 
+def test_each_sample_takes_the_generators_next_offsets_then_flips() -> None:
+    # The draws' order is part of every recorded run: two offsets a sample, then a flip a sample.
+    t = BatchTransform(MEAN, STD, "crop_flip")
+    x = batch(n=16, size=8)
+    gen = torch.Generator().manual_seed(3)
+    offsets, flips = torch.randint(0, 2 * t.padding + 1, (16, 2), generator=gen), torch.randint(0, 2, (16,), generator=gen).bool()
+    expected = t.normalize(t.crop_flip(x, offsets[:, 0], offsets[:, 1], flips))
+    assert torch.equal(t(x, train=True, generator=torch.Generator().manual_seed(3)), expected)
+
+
 def test_flip_only_case_equals_mirroring() -> None:
     t = BatchTransform(MEAN, STD, "crop_flip")
     x = batch()
@@ -99,3 +109,16 @@ def test_cuda_matches_cpu() -> None:
     cpu = BatchTransform(MEAN, STD, "crop_flip")(x, train=True, generator=torch.Generator().manual_seed(2))
     gpu = BatchTransform(MEAN, STD, "crop_flip", device="cuda")(x.cuda(), train=True, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(gpu.cpu(), cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_augmenting_on_cuda_does_not_wait_for_the_gpu() -> None:
+    # A blocking copy of the draws would synchronise with every kernel queued before it, each batch.
+    t = BatchTransform(MEAN, STD, "crop_flip", device="cuda")
+    x = batch(n=32, size=8).cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        t(x, train=True, generator=torch.Generator().manual_seed(2))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
