@@ -369,8 +369,9 @@ def client_update(
 def trains_together(method: Method, task: ClientTask) -> bool:
     """Whether `task` can train vectorised beside others of its shape and stages: its objective is
     marked `vectorisable` (FedAvg's cross-entropy, FedProx's proximal term, DepthFL's and ScaleFL's
-    exits and their distillation, FeDepth's block groups), with nothing else per client (no peers, no masks, nothing
-    narrowed by the client's labels, nothing uploaded beside the weights)."""
+    exits and their distillation, SplitMix's bases, FeDepth's block groups), with nothing else per
+    client (no peers, no masks, nothing narrowed by the client's labels, nothing uploaded beside the
+    weights)."""
     objective = getattr(type(method).objective, "vectorisable", False)
     default = objective and type(method).client_uploads is Method.client_uploads
     # Classes narrowed by the client's labels (HeteroFL's masking trick) are per client, and kept.

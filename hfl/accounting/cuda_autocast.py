@@ -69,6 +69,8 @@ CUDA_CAST_POLICIES: dict[str, tuple[str, ...]] = {
 the cuDNN kernels, the ban and `linalg_matrix_sqrth` registered beside them), by policy, as `op` or
 `op.overload`."""
 
+_POLICY_OF = {name: policy for policy, names in CUDA_CAST_POLICIES.items() for name in names}
+
 DTYPE_OVERLOADS = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
 """fp32_append_dtype: the overload each op is redispatched to, with float32 appended."""
 
@@ -154,12 +156,11 @@ def cuda_autocast_on_cpu(dtype: torch.dtype) -> Iterator[None]:
     """Autocast of CPU tensors to `dtype` under CUDA's per-op policies instead of the CPU's."""
     policies = _Policies(dtype)
     library = torch.library.Library("aten", "IMPL")
-    known = {name: policy for policy, names in CUDA_CAST_POLICIES.items() for name in names}
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Oo]verrid")  # replacing the CPU's kernels is the point
-            for name in sorted(registered_autocast_ops("AutocastCPU") | (set(known) & registered_autocast_ops("AutocastCUDA"))):
-                kernel = policies.kernel(name, known[name]) if name in known else torch.library.fallthrough_kernel
+            for name in sorted(registered_autocast_ops("AutocastCPU") | (_POLICY_OF.keys() & registered_autocast_ops("AutocastCUDA"))):
+                kernel = policies.kernel(name, _POLICY_OF[name]) if name in _POLICY_OF else torch.library.fallthrough_kernel
                 library.impl(name, kernel, "AutocastCPU")
         with torch.autocast("cpu", dtype=dtype):
             yield
